@@ -1,0 +1,41 @@
+# mooncake-store: the two set-up commands are `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv proto bench clean lint
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# A local cluster on embedded defaults (master + two store nodes), a demo workload, then serve
+# until Ctrl-C.  `make run ARGS=--exit` stops after the demo.
+run: $(STAMP)
+	$(VENV)/bin/mooncake-cluster --demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# Regenerate the gRPC stubs from proto/ (the generated files are committed so a fresh clone works).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=mooncake_store/_proto \
+		--pyi_out=mooncake_store/_proto --grpc_python_out=mooncake_store/_proto \
+		proto/mooncake_store.proto
+	sed -i 's/^import mooncake_store_pb2 as/from . import mooncake_store_pb2 as/' \
+		mooncake_store/_proto/mooncake_store_pb2_grpc.py
+
+bench: $(STAMP)
+	$(PY) scripts/bench.py $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check mooncake_store tests scripts
+
+clean:
+	rm -rf $(VENV) mooncake-data .pytest_cache

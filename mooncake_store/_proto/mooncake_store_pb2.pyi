@@ -1,0 +1,254 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Status(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReplicaLocation(_message.Message):
+    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "offset", "size_bytes", "grant")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    endpoint: str
+    shm_socket: str
+    offset: int
+    size_bytes: int
+    grant: bytes
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ...) -> None: ...
+
+class PutStartItem(_message.Message):
+    __slots__ = ("key", "size_bytes", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size_bytes: int
+    replicas: int
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class PutStartResult(_message.Message):
+    __slots__ = ("status", "already_exists", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    already_exists: bool
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaLocation]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_exists: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ...) -> None: ...
+
+class BatchPutStartRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ...) -> None: ...
+
+class BatchPutStartResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
+
+class PutEndItem(_message.Message):
+    __slots__ = ("key", "checksum", "failed_segments")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    checksum: int
+    failed_segments: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[str] = ..., checksum: _Optional[int] = ..., failed_segments: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BatchPutEndRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
+
+class PutEndResult(_message.Message):
+    __slots__ = ("status", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    replicas: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class BatchPutEndResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+
+class KeysRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeyRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class StatusesResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[Status]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
+
+class ReplicaListResult(_message.Message):
+    __slots__ = ("status", "size_bytes", "checksum", "replicas", "lease_ttl_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    size_bytes: int
+    checksum: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaLocation]
+    lease_ttl_s: float
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+
+class BatchGetReplicaListResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ReplicaListResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ReplicaListResult, _Mapping]]] = ...) -> None: ...
+
+class ExistsResult(_message.Message):
+    __slots__ = ("exists",)
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+
+class BatchExistsResponse(_message.Message):
+    __slots__ = ("exists",)
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "size_bytes", "secret", "tier")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    endpoint: str
+    shm_socket: str
+    size_bytes: int
+    secret: bytes
+    tier: str
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., size_bytes: _Optional[int] = ..., secret: _Optional[bytes] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class MountSegmentResponse(_message.Message):
+    __slots__ = ("status", "heartbeat_interval_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    heartbeat_interval_s: float
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "segment_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
+class UnmountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "segment_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    endpoint: str
+    tier: str
+    size_bytes: int
+    used_bytes: int
+    objects: int
+    last_heartbeat_age_s: float
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("objects", "processing", "bytes_stored", "nodes", "capacity_bytes", "used_bytes", "max_object_bytes", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STORED_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    objects: int
+    processing: int
+    bytes_stored: int
+    nodes: int
+    capacity_bytes: int
+    used_bytes: int
+    max_object_bytes: int
+    counters: _containers.ScalarMap[str, int]
+    def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...

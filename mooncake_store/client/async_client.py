@@ -1,0 +1,410 @@
+"""AsyncClient: the client logic, written once (the sync `Client` is a facade over it).
+
+A put is two-phase: one BatchPutStart for the whole batch (the master allocates replicas on
+distinct nodes), the bytes go straight to the nodes (shared memory on this host, TCP otherwise),
+then one BatchPutEnd commits them with their xxh3_64 checksums; a put whose every replica failed
+is revoked, so a half-written object is never visible.  A get asks for replica locations (one
+BatchGetReplicaList, which grants a read lease), copies from the closest replica and verifies
+the checksum, falling back to the next replica on any failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from mooncake_store.client.master_client import MasterClient
+from mooncake_store.client.transport import ShmMapper, TcpPool
+from mooncake_store.client.types import (
+    ClusterStats,
+    NodeStatus,
+    PutPlan,
+    PutResult,
+    ReplicaList,
+    ReplicaLocation,
+    Retry,
+)
+from mooncake_store.common.errors import (
+    BufferTooSmallError,
+    ChecksumMismatchError,
+    DataPathError,
+    InvalidArgumentError,
+    InvalidValueError,
+    MooncakeError,
+    ObjectNotFoundError,
+    ReplicaUnavailableError,
+)
+from mooncake_store.common.keys import validate_key
+
+DEFAULT_MASTER = "127.0.0.1:50051"
+DEFAULT_MAX_VALUE_BYTES = 1 << 30
+
+
+def checksum(data: Any) -> int:
+    """The xxh3_64 checksum stored with every object."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def as_readable(value: object, *, what: str = "value") -> memoryview:
+    """A flat byte view of any C-contiguous buffer-protocol object, or InvalidValueError."""
+    try:
+        view = memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        hint = " (encode str with .encode())" if isinstance(value, str) else ""
+        raise InvalidValueError(
+            f"{what} must be a bytes-like object (bytes, bytearray, memoryview, numpy array), "
+            f"got {type(value).__name__}{hint}"
+        ) from None
+    if not view.c_contiguous:
+        raise InvalidValueError(
+            f"{what} must be C-contiguous; pass numpy.ascontiguousarray(x) instead"
+        )
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def as_writable(buffer: object) -> memoryview:
+    view = as_readable(buffer, what="buffer")
+    if view.readonly:
+        raise InvalidValueError("buffer is read-only; pass a bytearray, numpy array or similar")
+    return view
+
+
+@dataclass(slots=True)
+class _Pending:
+    key: str
+    value: memoryview
+    plan: PutPlan | None = None
+    failed: list[int] | None = None
+    error: MooncakeError | None = None
+
+
+class AsyncClient:
+    """Asynchronous client of a mooncake-store cluster.
+
+    Example:
+        async with AsyncClient("127.0.0.1:50051") as store:
+            await store.put("block-0", b"kv bytes")
+            data = await store.get("block-0")
+
+    Args:
+        master: the master's host:port.
+        replicas: copies per put (None: the master's default); puts take `replicas=` too.
+        timeout_s: deadline of each master call and each data transfer.
+        local_shm: copy through shared memory when a replica's node is on this host.
+        max_value_bytes: largest value accepted (a bigger one is a caller error).
+        retry: how master calls retry while the master is unreachable.
+    """
+
+    def __init__(
+        self,
+        master: str = DEFAULT_MASTER,
+        *,
+        replicas: int | None = None,
+        timeout_s: float = 10.0,
+        local_shm: bool = True,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        retry: Retry | None = None,
+    ) -> None:
+        if replicas is not None and replicas < 1:
+            raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
+        if timeout_s <= 0:
+            raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s}")
+        self.master = master
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self.local_shm = local_shm
+        self.max_value_bytes = max_value_bytes
+        self.retry = retry or Retry()
+        self._master: MasterClient | None = None
+        self._shm = ShmMapper()
+        self._tcp = TcpPool(timeout_s=timeout_s)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def connect(self) -> AsyncClient:
+        """Open the channel and wait until the master answers.
+
+        Raises:
+            MasterUnavailableError: the master did not answer within `timeout_s`.
+        """
+        await self._master_client().wait_ready(self.timeout_s)
+        return self
+
+    async def close(self) -> None:
+        if self._master is not None:
+            await self._master.close()
+            self._master = None
+        self._tcp.close()
+        self._shm.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _master_client(self) -> MasterClient:
+        if self._master is None:
+            self._master = MasterClient(self.master, timeout_s=self.timeout_s, retry=self.retry)
+        return self._master
+
+    # ---- puts -------------------------------------------------------------------------------
+
+    async def put(self, key: str, value: object, *, replicas: int | None = None) -> PutResult:
+        """Store `value` (any bytes-like object) under `key`.
+
+        A put of a key that already exists succeeds without writing (keys name content).
+
+        Raises:
+            InvalidKeyError / InvalidValueError: bad key or value.
+            NoSpaceError: no node has room.  ObjectBusyError: a put of `key` is in progress.
+            DataPathError: no replica could be written (nothing is left visible).
+        """
+        return (await self.put_many([(key, value)], replicas=replicas))[0]
+
+    async def put_from(self, key: str, buffer: object, *, replicas: int | None = None
+                       ) -> PutResult:
+        """Store the bytes of `buffer` (numpy array, memoryview, ...) without an extra copy."""
+        return await self.put(key, buffer, replicas=replicas)
+
+    async def put_many(
+        self,
+        items: Mapping[str, object] | Iterable[tuple[str, object]],
+        *,
+        replicas: int | None = None,
+    ) -> list[PutResult]:
+        """Store many objects with one BatchPutStart and one BatchPutEnd.
+
+        Every item is attempted; if any fails, the error of the first failure is raised after
+        the others are committed (retrying the batch is safe: stored keys deduplicate).
+        """
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        wanted = self._replicas(replicas)
+        pending: list[_Pending] = []
+        for key, value in pairs:
+            validate_key(key)
+            view = as_readable(value)
+            if len(view) == 0:
+                raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
+            if len(view) > self.max_value_bytes:
+                raise InvalidValueError(
+                    f"value of {key!r} is {len(view)} bytes, over max_value_bytes "
+                    f"({self.max_value_bytes}); split it into blocks"
+                )
+            pending.append(_Pending(key, view))
+        if not pending:
+            return []
+        master = self._master_client()
+        plans = await master.put_start([(p.key, len(p.value), wanted) for p in pending])
+        for p, plan in zip(pending, plans):
+            if isinstance(plan, MooncakeError):
+                p.error = plan
+            else:
+                p.plan = plan
+        to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
+        try:
+            await asyncio.gather(*(self._write_replicas(p) for p in to_write))
+        except BaseException:
+            # Cancelled or broken mid-write: leave nothing pending behind (best effort; the
+            # master also reclaims puts that never end).
+            if to_write:
+                await asyncio.shield(master.put_revoke([p.key for p in to_write]))
+            raise
+        to_end = [p for p in to_write if p.failed is not None
+                  and len(p.failed) < len(p.plan.replicas)]  # type: ignore[union-attr]
+        to_revoke = [p for p in to_write if p not in to_end]
+        committed: dict[str, int] = {}
+        if to_end:
+            ends = await master.put_end(
+                [(p.key, checksum(p.value), p.failed or ()) for p in to_end]
+            )
+            for p, end in zip(to_end, ends):
+                if isinstance(end, MooncakeError):
+                    p.error = end
+                else:
+                    committed[p.key] = end
+        if to_revoke:
+            await master.put_revoke([p.key for p in to_revoke])
+            for p in to_revoke:
+                p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
+        for p in pending:
+            if p.error is not None:
+                raise p.error
+        return [
+            PutResult(p.key, committed.get(p.key, 0), p.plan is not None and p.plan.already_exists)
+            for p in pending
+        ]
+
+    async def _write_replicas(self, p: _Pending) -> None:
+        assert p.plan is not None
+        results = await asyncio.gather(
+            *(self._write_one(loc, p.value) for loc in p.plan.replicas), return_exceptions=True
+        )
+        p.failed = []
+        for loc, result in zip(p.plan.replicas, results):
+            if isinstance(result, BaseException):
+                if not isinstance(result, MooncakeError):
+                    raise result
+                p.failed.append(loc.segment_id)
+                p.error = p.error or DataPathError(
+                    f"writing {p.key!r} to node {loc.node_id} failed: {result}"
+                )
+        if len(p.failed) < len(p.plan.replicas):
+            p.error = None  # at least one replica landed: the put succeeds
+
+    async def _write_one(self, loc: ReplicaLocation, value: memoryview) -> None:
+        pool = await self._local_pool(loc)
+        if pool is not None:
+            pool[loc.offset : loc.offset + len(value)] = value
+        else:
+            await self._tcp.write(loc, value)
+
+    # ---- gets -------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes:
+        """Return the bytes stored under `key`.
+
+        Raises:
+            ObjectNotFoundError (a KeyError): no such key.
+            ReplicaUnavailableError / ChecksumMismatchError: no replica gave verified bytes.
+        """
+        return (await self.get_many([key]))[0]
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes]:
+        """Return the values of `keys`, in order, with one BatchGetReplicaList.
+
+        Raises:
+            ObjectNotFoundError: naming every missing key (`.keys` lists them).
+        """
+        infos = await self._replica_lists(keys)
+        buffers = [bytearray(info.size_bytes) for info in infos]
+        await asyncio.gather(*(
+            self._read(key, info, memoryview(buf)) for key, info, buf in zip(keys, infos, buffers)
+        ))
+        return [bytes(buf) for buf in buffers]
+
+    async def get_into(self, key: str, buffer: object) -> int:
+        """Copy the value of `key` into `buffer` (writable, C-contiguous); return its size.
+
+        Raises:
+            BufferTooSmallError: `buffer` is smaller than the object.
+            ObjectNotFoundError, ReplicaUnavailableError, ChecksumMismatchError: as for get().
+        """
+        return (await self.get_many_into([key], [buffer]))[0]
+
+    async def get_many_into(self, keys: Sequence[str], buffers: Sequence[object]) -> list[int]:
+        """Copy many values into the matching buffers with one master call; return sizes."""
+        if len(keys) != len(buffers):
+            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
+        views = [as_writable(b) for b in buffers]
+        infos = await self._replica_lists(keys)
+        for key, info, view in zip(keys, infos, views):
+            if len(view) < info.size_bytes:
+                raise BufferTooSmallError(
+                    f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
+                    f"pass a buffer of at least {info.size_bytes} bytes"
+                )
+        await asyncio.gather(*(
+            self._read(k, i, v[: i.size_bytes]) for k, i, v in zip(keys, infos, views)
+        ))
+        return [info.size_bytes for info in infos]
+
+    async def _replica_lists(self, keys: Sequence[str]) -> list[ReplicaList]:
+        keys = [validate_key(k) for k in keys]
+        results = await self._master_client().get_replica_list(keys)
+        missing = [k for k, r in zip(keys, results) if isinstance(r, ObjectNotFoundError)]
+        if missing:
+            shown = ", ".join(repr(k) for k in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            err = ObjectNotFoundError(f"no object under key {shown}{more}")
+            err.keys = missing  # type: ignore[attr-defined]
+            raise err
+        for r in results:
+            if isinstance(r, MooncakeError):
+                raise r
+        return results  # type: ignore[return-value]
+
+    async def _read(self, key: str, info: ReplicaList, dest: memoryview) -> None:
+        ordered = await self._by_locality(info.replicas)
+        last: MooncakeError | None = None
+        for loc, pool in ordered:
+            try:
+                if pool is not None:
+                    dest[:] = pool[loc.offset : loc.offset + info.size_bytes]
+                else:
+                    await self._tcp.read_into(loc, dest)
+            except DataPathError as exc:
+                last = exc
+                continue
+            if checksum(dest) == info.checksum:
+                return
+            last = ChecksumMismatchError(
+                f"replica of {key!r} on node {loc.node_id} failed its checksum"
+            )
+        if isinstance(last, ChecksumMismatchError):
+            raise last
+        raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {last}")
+
+    async def _by_locality(self, replicas: list[ReplicaLocation]
+                           ) -> list[tuple[ReplicaLocation, memoryview | None]]:
+        with_pool = [(loc, await self._local_pool(loc)) for loc in replicas]
+        return sorted(with_pool, key=lambda lp: lp[1] is None)
+
+    async def _local_pool(self, loc: ReplicaLocation) -> memoryview | None:
+        if not self.local_shm:
+            return None
+        hit = self._shm.cached(loc)
+        if hit is None:
+            return await asyncio.get_running_loop().run_in_executor(None, self._shm.map, loc)
+        return hit or None
+
+    # ---- metadata ---------------------------------------------------------------------------
+
+    async def exists(self, key: str) -> bool:
+        """True when `key` is stored and readable.  Does not count as a read."""
+        return (await self.exists_many([key]))[0]
+
+    async def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        keys = [validate_key(k) for k in keys]
+        return await self._master_client().exists(keys)
+
+    async def remove(self, key: str) -> bool:
+        """Remove `key`; True if it was stored, False if there was nothing to remove.
+
+        Raises:
+            ObjectBusyError: a put of `key` is in progress.
+        """
+        return (await self.remove_many([key]))[0]
+
+    async def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        keys = [validate_key(k) for k in keys]
+        out = []
+        for err in await self._master_client().remove(keys):
+            if err is not None and not isinstance(err, ObjectNotFoundError):
+                raise err
+            out.append(err is None)
+        return out
+
+    async def stats(self) -> ClusterStats:
+        """Cluster-wide counts from the master."""
+        s = await self._master_client().stats()
+        return ClusterStats(s.objects, s.processing, s.bytes_stored, s.nodes, s.capacity_bytes,
+                            s.used_bytes, s.max_object_bytes, dict(s.counters))
+
+    async def list_nodes(self) -> list[NodeStatus]:
+        """The mounted store nodes with their usage."""
+        reply = await self._master_client().list_nodes()
+        return [NodeStatus(n.node_id, n.segment_id, n.endpoint, n.tier, n.size_bytes,
+                           n.used_bytes, n.objects, n.last_heartbeat_age_s) for n in reply.nodes]
+
+    def _replicas(self, replicas: int | None) -> int:
+        wanted = replicas if replicas is not None else self.replicas
+        if wanted is None:
+            return 0
+        if wanted < 1:
+            raise InvalidArgumentError(f"replicas must be >= 1, got {wanted}")
+        return wanted

@@ -1,0 +1,229 @@
+"""The client's data paths to store nodes: same-host shared memory and TCP.
+
+`ShmMapper` maps a node's pool once, after receiving its memfd over the node's abstract unix
+socket; a put or get is then a single copy between the caller's buffer and the pool.  A node
+whose socket cannot be reached is on another host, and that answer is remembered.
+
+`TcpPool` keeps idle connections per node; each connection is a BufferedProtocol that reads a
+READ reply straight into the destination buffer (no intermediate copies).  Both raise
+DataPathError (or AccessDeniedError, when the node refused the grant) on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import mmap
+import socket
+import struct
+
+from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.errors import OK, DataPathError, error_for_code
+from mooncake_store.common.wire import RESPONSE, Op, pack_request
+
+_HELLO = struct.Struct("<QQ")
+
+
+class ShmMapper:
+    """Same-host pool mappings, keyed by segment id."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._remote: set[str] = set()
+
+    def cached(self, loc: ReplicaLocation) -> memoryview | None | bool:
+        """The mapped pool, False if known remote, None if not tried yet."""
+        entry = self._maps.get(loc.segment_id)
+        if entry is not None:
+            return entry[1]
+        if not loc.shm_socket or loc.shm_socket in self._remote:
+            return False
+        return None
+
+    def map(self, loc: ReplicaLocation) -> memoryview | None:
+        """Map the pool of `loc`'s node if it is on this host (blocking; run in an executor)."""
+        hit = self.cached(loc)
+        if hit is not None:
+            return hit or None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect("\0" + loc.shm_socket)
+            msg, fds, _, _ = socket.recv_fds(sock, _HELLO.size, 1)
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                self._remote.add(loc.shm_socket)
+            return None
+        finally:
+            sock.close()
+        if len(fds) != 1 or len(msg) != _HELLO.size:
+            for fd in fds:
+                socket.close(fd)
+            return None
+        segment_id, size = _HELLO.unpack(msg)
+        try:
+            if segment_id != loc.segment_id:
+                return None
+            mapping = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            socket.close(fds[0])
+        view = memoryview(mapping)
+        self._maps[segment_id] = (mapping, view)
+        return view
+
+    def close(self) -> None:
+        for mapping, view in self._maps.values():
+            view.release()
+            try:
+                mapping.close()
+            except BufferError:  # a caller still holds a slice; freed with the process
+                pass
+        self._maps.clear()
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One request at a time over one TCP connection to a node."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._header = bytearray(RESPONSE.size)
+        self._target = memoryview(self._header)
+        self._filled = 0
+        self._stage = "idle"
+        self._dest: memoryview | None = None
+        self._status = OK
+        self._done: asyncio.Future[bytes] | None = None
+        self.broken = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
+        self.transport = None
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(DataPathError(f"connection to node lost: {exc or 'closed'}"))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._stage == "idle":  # unsolicited bytes: protocol violation
+            self.broken = True
+            return memoryview(bytearray(max(sizehint, 1)))
+        return self._target[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._stage == "idle":
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._filled += nbytes
+        if self._filled < len(self._target):
+            return
+        if self._stage == "header":
+            status, _, size = RESPONSE.unpack(self._header)
+            self._status = status
+            if status != OK:
+                self._stage, self._target, self._filled = "error", memoryview(bytearray(size)), 0
+            elif self._dest is not None:
+                if size != len(self._dest):
+                    self._finish(exc=DataPathError(
+                        f"node sent {size} bytes, expected {len(self._dest)}"))
+                    return
+                self._stage, self._target, self._filled = "payload", self._dest, 0
+            else:
+                self._stage, self._target, self._filled = "payload", memoryview(b""), 0
+            if len(self._target) == 0:
+                self.buffer_updated(0)
+            return
+        if self._stage == "error":
+            self._finish(exc=error_for_code(self._status, bytes(self._target).decode(errors="replace")))
+            return
+        self._finish()
+
+    def _finish(self, exc: BaseException | None = None) -> None:
+        self._stage = "idle"
+        self._dest = None
+        done, self._done = self._done, None
+        if exc is not None:
+            self.broken = True  # resynchronising after an error is not worth it: reconnect
+            if self.transport is not None:
+                self.transport.close()
+        if done is not None and not done.done():
+            if exc is None:
+                done.set_result(b"")
+            else:
+                done.set_exception(exc)
+
+    def request(self, frame: bytes, payload: memoryview | None,
+                dest: memoryview | None) -> asyncio.Future[bytes]:
+        assert self.transport is not None and self._stage == "idle"
+        self._done = asyncio.get_running_loop().create_future()
+        self._dest = dest
+        self._stage, self._target, self._filled = "header", memoryview(self._header), 0
+        self.transport.write(frame)
+        if payload is not None and len(payload):
+            self.transport.write(payload)
+        return self._done
+
+
+class TcpPool:
+    """Idle TCP connections per node endpoint."""
+
+    def __init__(self, *, timeout_s: float, max_idle_per_node: int = 8) -> None:
+        self.timeout_s = timeout_s
+        self.max_idle = max_idle_per_node
+        self._idle: dict[str, list[_Connection]] = {}
+
+    async def _acquire(self, endpoint: str) -> _Connection:
+        idle = self._idle.get(endpoint)
+        while idle:
+            conn = idle.pop()
+            if not conn.broken and conn.transport is not None:
+                return conn
+        host, _, port = endpoint.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, host, int(port)), self.timeout_s
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise DataPathError(f"cannot connect to store node {endpoint}: {exc!r}") from exc
+        return conn
+
+    def _release(self, endpoint: str, conn: _Connection) -> None:
+        idle = self._idle.setdefault(endpoint, [])
+        if conn.broken or conn.transport is None or len(idle) >= self.max_idle:
+            if conn.transport is not None:
+                conn.transport.close()
+            return
+        idle.append(conn)
+
+    async def _exchange(self, loc: ReplicaLocation, op: Op, payload: memoryview | None,
+                        dest: memoryview | None) -> None:
+        conn = await self._acquire(loc.endpoint)
+        frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+        try:
+            await asyncio.wait_for(conn.request(frame, payload, dest), self.timeout_s)
+        except asyncio.TimeoutError:
+            conn.broken = True
+            raise DataPathError(
+                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
+            ) from None
+        except asyncio.CancelledError:
+            conn.broken = True
+            raise
+        finally:
+            self._release(loc.endpoint, conn)
+
+    async def write(self, loc: ReplicaLocation, payload: memoryview) -> None:
+        await self._exchange(loc, Op.WRITE, payload, None)
+
+    async def read_into(self, loc: ReplicaLocation, dest: memoryview) -> None:
+        await self._exchange(loc, Op.READ, None, dest)
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()

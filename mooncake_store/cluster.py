@@ -1,0 +1,224 @@
+"""A local cluster of real daemons (one master, N store nodes) as subprocesses on 127.0.0.1.
+
+Used by `make run` (`mooncake-cluster --demo`), by the benchmarks and by the integration tests:
+every process is the real `python -m mooncake_store.master` / `mooncake_store.node` with its
+own port (bound to port 0 and read back from the daemon's start-up line) and logs under the
+cluster's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+_MASTER_READY = re.compile(r"mooncake-master listening on (\S+):(\d+)")
+_NODE_READY = re.compile(r"mooncake-store node (\S+) serving .* data (\S+):(\d+), health \S+:(\d+)")
+
+
+class DaemonProcess:
+    """One daemon subprocess whose start-up line has been read."""
+
+    def __init__(self, args: Sequence[str], log_path: Path, ready: re.Pattern[str],
+                 timeout_s: float, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True,
+        )
+        self.match = self._wait_ready(ready, timeout_s)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_ready(self, ready: re.Pattern[str], timeout_s: float) -> re.Match[str]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        result: list[re.Match[str]] = []
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace")
+                self._log.write(raw)
+                self._log.flush()
+                m = ready.search(line)
+                if m:
+                    result.append(m)
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(max(0.0, deadline - time.monotonic()))
+        if not result:
+            self.kill()
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{' '.join(self.args)} did not start; log tail:\n{tail}")
+        return result[0]
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self._log.write(raw)
+            self._log.flush()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, wait for a graceful exit, SIGKILL if it does not come; return the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+
+class LocalCluster:
+    """A master and `nodes` store nodes on 127.0.0.1, all real processes.
+
+    Example:
+        with LocalCluster(tmp_path, nodes=2, dram="64MiB") as cluster:
+            with Client(cluster.master_address) as store:
+                store.put("k", b"v")
+    """
+
+    def __init__(self, root: str | Path, *, nodes: int = 2, dram: str = "64MiB",
+                 master_args: Sequence[str] = (), node_args: Sequence[str] = (),
+                 start_timeout_s: float = 30.0) -> None:
+        self.root = Path(root)
+        self.data_dir = self.root / "master"
+        self.log_dir = self.root / "logs"
+        self.node_count = nodes
+        self.dram = dram
+        self.master_args = list(master_args)
+        self.node_args = list(node_args)
+        self.timeout_s = start_timeout_s
+        self.master: DaemonProcess | None = None
+        self.master_port = 0
+        self.nodes: list[DaemonProcess] = []
+
+    @property
+    def master_address(self) -> str:
+        return f"127.0.0.1:{self.master_port}"
+
+    def start(self) -> LocalCluster:
+        self.start_master()
+        for _ in range(self.node_count):
+            self.add_node()
+        self.wait_for_nodes(self.node_count)
+        return self
+
+    def start_master(self) -> DaemonProcess:
+        """Start the master (again, on the same port and data directory after a stop)."""
+        args = [sys.executable, "-m", "mooncake_store.master", "--host", "127.0.0.1",
+                "--port", str(self.master_port), "--data-dir", str(self.data_dir),
+                *self.master_args]
+        self.master = DaemonProcess(args, self.log_dir / "master.log", _MASTER_READY,
+                                    self.timeout_s)
+        self.master_port = int(self.master.match.group(2))
+        return self.master
+
+    def add_node(self, *extra_args: str, dram: str | None = None) -> DaemonProcess:
+        index = len(self.nodes)
+        args = [sys.executable, "-m", "mooncake_store.node", "--master", self.master_address,
+                "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id",
+                f"node-{index}", *self.node_args, *extra_args]
+        node = DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY,
+                             self.timeout_s)
+        self.nodes.append(node)
+        return node
+
+    def node_endpoint(self, index: int) -> str:
+        m = self.nodes[index].match
+        return f"{m.group(2)}:{m.group(3)}"
+
+    def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> None:
+        """Poll the master until exactly `count` nodes are mounted."""
+        from mooncake_store.client.sync_client import Client
+
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        with Client(self.master_address) as client:
+            while True:
+                mounted = len(client.list_nodes())
+                if mounted == count:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{mounted} nodes mounted, expected {count}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.alive():
+                node.stop()
+        if self.master is not None and self.master.alive():
+            self.master.stop()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", default="mooncake-data", show_default=True,
+              help="Directory for the master's RocksDB and the logs.")
+@click.option("--nodes", default=2, show_default=True, help="Store nodes to start.")
+@click.option("--dram", default="256MiB", show_default=True, help="DRAM pool per node.")
+@click.option("--demo/--no-demo", default=True, show_default=True,
+              help="Run the demo workload once the cluster is up.")
+@click.option("--exit", "exit_after", is_flag=True, help="Stop after the demo instead of serving.")
+def main(data_dir: str, nodes: int, dram: str, demo: bool, exit_after: bool) -> None:
+    """Start a local cluster (master + store nodes) on 127.0.0.1 and serve until Ctrl-C."""
+    from mooncake_store.demo import run_demo
+
+    cluster = LocalCluster(data_dir, nodes=nodes, dram=dram)
+    cluster.master_port = 50051 if not exit_after else 0
+    try:
+        cluster.start()
+        click.echo(f"cluster up: master {cluster.master_address}, {nodes} nodes x {dram} DRAM "
+                   f"(logs in {cluster.log_dir})")
+        if demo:
+            run_demo(cluster.master_address, echo=click.echo)
+        if not exit_after:
+            click.echo(f"serving on {cluster.master_address}; Ctrl-C to stop")
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+        click.echo("cluster stopped")
+
+
+if __name__ == "__main__":
+    main()

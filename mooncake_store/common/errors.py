@@ -1,0 +1,131 @@
+"""The one exception tree of mooncake-store, with stable numeric codes.
+
+Codes follow Mooncake Store's ranges: -100s segments and nodes, -200s allocation, -600s bad
+input, -700s objects, -800s data path, -900s RPC.  The code travels on the wire
+(`Status.code` in proto/), and `error_for_code` is the single table that turns it back into
+the most specific class.
+
+    MooncakeError                      root; every error carries `.code`
+    ├── InvalidArgumentError           (also ValueError) bad input, says what to do
+    │   ├── InvalidKeyError            empty, over-long or non-str key
+    │   ├── InvalidValueError          (also TypeError) not a buffer, empty, too large
+    │   └── BufferTooSmallError        get_into target smaller than the object
+    ├── SegmentNotFoundError           master does not know the node/segment
+    ├── NoSpaceError                   no node can hold the object
+    ├── ObjectNotFoundError            (also KeyError) no committed object under the key
+    ├── ObjectBusyError                a put of the key is in progress
+    ├── ReplicaUnavailableError        the object exists but no replica could be read
+    ├── ChecksumMismatchError          bytes read do not match the committed checksum
+    ├── DataPathError                  a transfer to or from a node failed
+    │   └── AccessDeniedError          the node refused the grant (expired, forged, out of range)
+    └── RpcError                       the master call failed
+        └── MasterUnavailableError     (also ConnectionError) master unreachable at an address
+"""
+
+from __future__ import annotations
+
+
+class MooncakeError(Exception):
+    """Root of every mooncake-store error.  `code` is stable and travels on the wire."""
+
+    code: int = -1
+
+    def __init__(self, message: str = "", *, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(MooncakeError, ValueError):
+    code = -600
+
+
+class InvalidKeyError(InvalidArgumentError):
+    code = -601
+
+
+class InvalidValueError(InvalidArgumentError, TypeError):
+    code = -602
+
+
+class BufferTooSmallError(InvalidArgumentError):
+    code = -603
+
+
+class SegmentNotFoundError(MooncakeError):
+    code = -101
+
+
+class NoSpaceError(MooncakeError):
+    code = -200
+
+
+class ObjectNotFoundError(MooncakeError, KeyError):
+    code = -704
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.message
+
+
+class ObjectBusyError(MooncakeError):
+    code = -705
+
+
+class ReplicaUnavailableError(MooncakeError):
+    code = -706
+
+
+class ChecksumMismatchError(MooncakeError):
+    code = -707
+
+
+class DataPathError(MooncakeError):
+    code = -800
+
+
+class AccessDeniedError(DataPathError):
+    code = -801
+
+
+class RpcError(MooncakeError):
+    code = -900
+
+
+class MasterUnavailableError(RpcError, ConnectionError):
+    code = -901
+
+
+OK = 0
+
+_BY_CODE: dict[int, type[MooncakeError]] = {
+    cls.code: cls
+    for cls in (
+        MooncakeError,
+        InvalidArgumentError,
+        InvalidKeyError,
+        InvalidValueError,
+        BufferTooSmallError,
+        SegmentNotFoundError,
+        NoSpaceError,
+        ObjectNotFoundError,
+        ObjectBusyError,
+        ReplicaUnavailableError,
+        ChecksumMismatchError,
+        DataPathError,
+        AccessDeniedError,
+        RpcError,
+        MasterUnavailableError,
+    )
+}
+
+
+def error_for_code(code: int, message: str) -> MooncakeError:
+    """Build the most specific exception for a wire code (unknown codes keep their number)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return MooncakeError(message, code=code)
+    return cls(message)

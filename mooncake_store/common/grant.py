@@ -1,0 +1,62 @@
+"""Signed access grants: the capability a store node checks on every data-path access.
+
+The master owns allocation inside every mounted segment.  When it hands a client a replica
+location (PutStart for writing, GetReplicaList for reading) it signs a grant with the secret the
+node gave it at mount time.  The node verifies the signature, the segment, the mode, the expiry
+and that the access lies inside the granted extent, so a client can touch only allocations the
+master told it about, and only while its put window or read lease lasts.  Expiry is wall-clock
+(milliseconds since the epoch), so master and nodes on different hosts need synchronised clocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+from enum import IntFlag
+
+_BODY = struct.Struct("<QQQQB")
+_MAC_BYTES = 16
+GRANT_BYTES = _BODY.size + _MAC_BYTES
+
+
+class GrantMode(IntFlag):
+    READ = 1
+    WRITE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    segment_id: int
+    offset: int
+    size_bytes: int
+    expires_ms: int
+    mode: GrantMode
+
+    def covers(self, offset: int, size_bytes: int, mode: GrantMode) -> bool:
+        """True when [offset, offset+size_bytes) lies in the grant and `mode` is allowed."""
+        return (
+            bool(self.mode & mode)
+            and offset >= self.offset
+            and offset + size_bytes <= self.offset + self.size_bytes
+        )
+
+
+def sign_grant(secret: bytes, grant: Grant) -> bytes:
+    """Serialise and sign `grant` with the node's secret."""
+    body = _BODY.pack(
+        grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, int(grant.mode)
+    )
+    return body + hmac.digest(secret, body, hashlib.sha256)[:_MAC_BYTES]
+
+
+def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
+    """Return the grant if `blob` is well-formed and signed with `secret`, else None."""
+    if len(blob) != GRANT_BYTES:
+        return None
+    body, mac = blob[: _BODY.size], blob[_BODY.size :]
+    if not hmac.compare_digest(mac, hmac.digest(secret, body, hashlib.sha256)[:_MAC_BYTES]):
+        return None
+    segment_id, offset, size_bytes, expires_ms, mode = _BODY.unpack(body)
+    return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode))

@@ -1,0 +1,1 @@
+"""The master: metadata and routing only (object table, placement, persistence, gRPC service)."""

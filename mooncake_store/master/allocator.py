@@ -1,0 +1,140 @@
+"""Extent allocator for one mounted segment (pure: no I/O, no clock).
+
+The master owns allocation inside every store node's segment, as Mooncake's master does: a
+node mounts its pool, and the master hands out extents of it to puts.  Extents are multiples of
+`alignment` bytes and start on an `alignment` boundary.  Free space is kept twice: by offset
+(to merge neighbours on free) and by (length, offset) (to find the best fit in O(log n)).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+
+class ExtentAllocator:
+    """Best-fit allocator over `[0, capacity_bytes)` with coalescing frees.
+
+    Example:
+        >>> a = ExtentAllocator(1 << 20, alignment=4096)
+        >>> off = a.allocate(5000)        # 8192 bytes reserved
+        >>> a.free(off)
+        8192
+    """
+
+    def __init__(self, capacity_bytes: int, *, alignment: int = 4096) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        self.alignment = alignment
+        self.capacity_bytes = capacity_bytes - capacity_bytes % alignment
+        self.used_bytes = 0
+        self._allocated: dict[int, int] = {}
+        self._free_len: dict[int, int] = {}
+        self._free_offsets: list[int] = []
+        self._free_by_size: list[tuple[int, int]] = []
+        if self.capacity_bytes > 0:
+            self._add_free(0, self.capacity_bytes)
+
+    def aligned(self, size_bytes: int) -> int:
+        """The extent length `size_bytes` occupies (at least one alignment unit)."""
+        a = self.alignment
+        return max(a, (size_bytes + a - 1) // a * a)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.used_bytes
+
+    def largest_free(self) -> int:
+        return self._free_by_size[-1][0] if self._free_by_size else 0
+
+    def allocations(self) -> int:
+        return len(self._allocated)
+
+    def fragments(self) -> int:
+        return len(self._free_offsets)
+
+    def allocate(self, size_bytes: int) -> int | None:
+        """Reserve an extent for `size_bytes` and return its offset, or None if nothing fits."""
+        need = self.aligned(size_bytes)
+        i = bisect_left(self._free_by_size, (need, -1))
+        if i == len(self._free_by_size):
+            return None
+        length, offset = self._free_by_size[i]
+        self._remove_free(offset)
+        if length > need:
+            self._add_free(offset + need, length - need)
+        self._allocated[offset] = need
+        self.used_bytes += need
+        return offset
+
+    def reserve(self, offset: int, size_bytes: int) -> None:
+        """Mark the extent at `offset` as allocated (rebuilding state after a master restart).
+
+        Raises:
+            ValueError: the extent is misaligned or not entirely free.
+        """
+        need = self.aligned(size_bytes)
+        if offset % self.alignment:
+            raise ValueError(f"offset {offset} is not aligned to {self.alignment}")
+        i = bisect_left(self._free_offsets, offset + 1) - 1
+        if i < 0:
+            raise ValueError(f"extent at {offset} (+{need}) is not free")
+        start = self._free_offsets[i]
+        length = self._free_len[start]
+        if offset + need > start + length:
+            raise ValueError(f"extent at {offset} (+{need}) is not free")
+        self._remove_free(start)
+        if offset > start:
+            self._add_free(start, offset - start)
+        if start + length > offset + need:
+            self._add_free(offset + need, start + length - offset - need)
+        self._allocated[offset] = need
+        self.used_bytes += need
+
+    def free(self, offset: int) -> int:
+        """Release the extent at `offset`; return its length.
+
+        Raises:
+            KeyError: nothing is allocated at `offset` (double free or a wrong offset).
+        """
+        length = self._allocated.pop(offset)
+        self.used_bytes -= length
+        start, end = offset, offset + length
+        i = bisect_left(self._free_offsets, offset)
+        if i < len(self._free_offsets) and self._free_offsets[i] == end:
+            end += self._free_len[end]
+            self._remove_free(self._free_offsets[i])
+        if i > 0:
+            prev = self._free_offsets[i - 1]
+            if prev + self._free_len[prev] == start:
+                start = prev
+                self._remove_free(prev)
+        self._add_free(start, end - start)
+        return length
+
+    def validate(self) -> None:
+        """Check the invariants (used by tests): extents tile the segment exactly once."""
+        assert sorted(self._free_offsets) == self._free_offsets
+        assert sorted(self._free_by_size) == self._free_by_size
+        assert len(self._free_by_size) == len(self._free_offsets) == len(self._free_len)
+        extents = [(o, n, "free") for o, n in self._free_len.items()]
+        extents += [(o, n, "used") for o, n in self._allocated.items()]
+        extents.sort()
+        cursor = 0
+        for i, (offset, length, kind) in enumerate(extents):
+            assert offset == cursor, f"gap or overlap at {offset} (expected {cursor})"
+            assert length > 0 and length % self.alignment == 0
+            if kind == "free" and i > 0:
+                assert extents[i - 1][2] == "used", f"unmerged free neighbours at {offset}"
+            cursor += length
+        assert cursor == self.capacity_bytes
+        assert self.used_bytes == sum(self._allocated.values())
+
+    def _add_free(self, offset: int, length: int) -> None:
+        self._free_len[offset] = length
+        insort(self._free_offsets, offset)
+        insort(self._free_by_size, (length, offset))
+
+    def _remove_free(self, offset: int) -> None:
+        length = self._free_len.pop(offset)
+        del self._free_offsets[bisect_left(self._free_offsets, offset)]
+        del self._free_by_size[bisect_left(self._free_by_size, (length, offset))]

@@ -1,0 +1,45 @@
+"""Settings of the master daemon (`mooncake-master`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mooncake_store.common.config import duration_field, size_field
+from mooncake_store.common.errors import InvalidArgumentError
+
+DEFAULT_MASTER_PORT = 50051
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_MASTER_PORT
+    data_dir: str = "mooncake-data/master"
+    lease_ttl_s: float = duration_field(5.0)
+    put_timeout_s: float = duration_field(30.0)
+    heartbeat_interval_s: float = duration_field(1.0)
+    heartbeat_ttl_s: float = duration_field(10.0)
+    restore_grace_s: float = duration_field(30.0)
+    tick_interval_s: float = duration_field(0.25)
+    default_replicas: int = 1
+    alignment_bytes: int = size_field(4096)
+    max_message_bytes: int = size_field(64 * 1024 * 1024)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port must be 0-65535 (0 picks a free one), got {self.port}")
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise InvalidArgumentError(
+                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_interval_s "
+                f"({self.heartbeat_interval_s}), or live nodes would be declared dead"
+            )
+        for name in ("lease_ttl_s", "put_timeout_s", "heartbeat_interval_s", "tick_interval_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.default_replicas < 1:
+            raise InvalidArgumentError(f"default_replicas must be >= 1, got {self.default_replicas}")
+        a = self.alignment_bytes
+        if a < 64 or a & (a - 1):
+            raise InvalidArgumentError(f"alignment_bytes must be a power of two >= 64, got {a}")
+        if self.max_message_bytes < 4 * 1024 * 1024:
+            raise InvalidArgumentError("max_message_bytes must be at least 4MiB")

@@ -1,0 +1,240 @@
+"""The master's gRPC service: a thin shell that turns protobuf calls into ObjectTable calls.
+
+Protobuf types live only here.  Per-key failures become per-key `Status` values carrying the
+stable codes of `common.errors`; durable mutations (commits, removes, objects lost with a node)
+are written through the group-committing MetadataStore before the reply goes out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.errors import OK, MooncakeError, SegmentNotFoundError
+from mooncake_store.common.grant import Grant, GrantMode, sign_grant
+from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.object_table import (
+    ObjectMeta,
+    ObjectTable,
+    Replica,
+    Segment,
+    SegmentInfo,
+)
+from mooncake_store.master.persistence import MetadataStore
+
+log = logging.getLogger("mooncake.master")
+
+_OK = pb.Status(code=OK)
+
+
+def _status(exc: MooncakeError) -> pb.Status:
+    return pb.Status(code=exc.code, message=exc.message)
+
+
+def _location(seg: Segment, replica: Replica, size_bytes: int, expires_s: float,
+              mode: GrantMode) -> pb.ReplicaLocation:
+    info = seg.info
+    grant = Grant(info.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
+    return pb.ReplicaLocation(
+        node_id=info.node_id, segment_id=info.segment_id, endpoint=info.endpoint,
+        shm_socket=info.shm_socket, offset=replica.offset, size_bytes=size_bytes,
+        grant=sign_grant(info.secret, grant),
+    )
+
+
+class MasterServicer(pb_grpc.MasterServiceServicer):
+    def __init__(self, table: ObjectTable, store: MetadataStore, config: MasterConfig) -> None:
+        self.table = table
+        self.store = store
+        self.config = config
+
+    # ---- puts -----------------------------------------------------------------------------
+
+    def _put_start(self, item: pb.PutStartItem) -> pb.PutStartResult:
+        try:
+            outcome = self.table.put_start(item.key, item.size_bytes, item.replicas)
+        except MooncakeError as exc:
+            return pb.PutStartResult(status=_status(exc))
+        if outcome.already_exists:
+            return pb.PutStartResult(status=_OK, already_exists=True)
+        return pb.PutStartResult(
+            status=_OK,
+            replicas=[
+                _location(seg, r, item.size_bytes, outcome.deadline_s, GrantMode.WRITE)
+                for seg, r in outcome.placements
+            ],
+        )
+
+    async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
+        return self._put_start(request)
+
+    async def BatchPutStart(self, request: pb.BatchPutStartRequest,
+                            context: object) -> pb.BatchPutStartResponse:
+        return pb.BatchPutStartResponse(results=[self._put_start(i) for i in request.items])
+
+    async def _put_end(self, items: list[pb.PutEndItem]) -> list[pb.PutEndResult]:
+        results: list[pb.PutEndResult | None] = []
+        sealed: list[ObjectMeta] = []
+        for item in items:
+            try:
+                sealed.append(self.table.put_end(item.key, item.checksum, item.failed_segments))
+                results.append(None)
+            except MooncakeError as exc:
+                results.append(pb.PutEndResult(status=_status(exc)))
+        if sealed:
+            try:
+                await self.store.write(puts=sealed)
+            except Exception as exc:  # noqa: BLE001 - a failed fsync must revoke, not crash
+                log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
+                for meta in sealed:
+                    self.table.put_revoke(meta.key)
+                failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+                return [r or pb.PutEndResult(status=failure) for r in results]
+        out: list[pb.PutEndResult] = []
+        for item, result in zip(items, results):
+            if result is None:
+                try:
+                    result = pb.PutEndResult(status=_OK,
+                                             replicas=self.table.commit_put_end(item.key))
+                except MooncakeError as exc:
+                    result = pb.PutEndResult(status=_status(exc))
+            out.append(result)
+        return out
+
+    async def PutEnd(self, request: pb.PutEndItem, context: object) -> pb.PutEndResult:
+        return (await self._put_end([request]))[0]
+
+    async def BatchPutEnd(self, request: pb.BatchPutEndRequest,
+                          context: object) -> pb.BatchPutEndResponse:
+        return pb.BatchPutEndResponse(results=await self._put_end(list(request.items)))
+
+    def _revoke(self, key: str) -> pb.Status:
+        try:
+            self.table.put_revoke(key)
+            return _OK
+        except MooncakeError as exc:
+            return _status(exc)
+
+    async def PutRevoke(self, request: pb.KeyRequest, context: object) -> pb.Status:
+        return self._revoke(request.key)
+
+    async def BatchPutRevoke(self, request: pb.KeysRequest,
+                             context: object) -> pb.StatusesResponse:
+        return pb.StatusesResponse(statuses=[self._revoke(k) for k in request.keys])
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def _replica_list(self, key: str) -> pb.ReplicaListResult:
+        try:
+            meta, live = self.table.get_replicas(key)
+        except MooncakeError as exc:
+            return pb.ReplicaListResult(status=_status(exc))
+        return pb.ReplicaListResult(
+            status=_OK, size_bytes=meta.size_bytes, checksum=meta.checksum,
+            lease_ttl_s=self.config.lease_ttl_s,
+            replicas=[
+                _location(seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ)
+                for seg, r in live
+            ],
+        )
+
+    async def GetReplicaList(self, request: pb.KeyRequest,
+                             context: object) -> pb.ReplicaListResult:
+        return self._replica_list(request.key)
+
+    async def BatchGetReplicaList(self, request: pb.KeysRequest,
+                                  context: object) -> pb.BatchGetReplicaListResponse:
+        return pb.BatchGetReplicaListResponse(results=[self._replica_list(k) for k in request.keys])
+
+    async def Exists(self, request: pb.KeyRequest, context: object) -> pb.ExistsResult:
+        return pb.ExistsResult(exists=self.table.exists(request.key))
+
+    async def BatchExists(self, request: pb.KeysRequest,
+                          context: object) -> pb.BatchExistsResponse:
+        return pb.BatchExistsResponse(exists=[self.table.exists(k) for k in request.keys])
+
+    async def _remove(self, keys: list[str]) -> list[pb.Status]:
+        statuses: list[pb.Status] = []
+        removed: list[str] = []
+        for key in keys:
+            try:
+                self.table.remove(key)
+                removed.append(key)
+                statuses.append(_OK)
+            except MooncakeError as exc:
+                statuses.append(_status(exc))
+        await self.store.write(deletes=removed)
+        return statuses
+
+    async def Remove(self, request: pb.KeyRequest, context: object) -> pb.Status:
+        return (await self._remove([request.key]))[0]
+
+    async def BatchRemove(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
+        return pb.StatusesResponse(statuses=await self._remove(list(request.keys)))
+
+    # ---- nodes ----------------------------------------------------------------------------
+
+    async def MountSegment(self, request: pb.MountSegmentRequest,
+                           context: object) -> pb.MountSegmentResponse:
+        info = SegmentInfo(
+            node_id=request.node_id, segment_id=request.segment_id, endpoint=request.endpoint,
+            shm_socket=request.shm_socket, size_bytes=request.size_bytes,
+            secret=bytes(request.secret), tier=request.tier or "DRAM",
+        )
+        known = self.table.segment(info.segment_id) is not None
+        self.table.mount(info)
+        if not known:
+            log.info("mounted segment %x of node %s (%d bytes) at %s", info.segment_id,
+                     info.node_id, info.size_bytes, info.endpoint)
+        return pb.MountSegmentResponse(status=_OK,
+                                       heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest,
+                        context: object) -> pb.HeartbeatResponse:
+        if self.table.heartbeat(request.node_id, request.segment_id):
+            return pb.HeartbeatResponse(status=_OK)
+        exc = SegmentNotFoundError(f"segment {request.segment_id:x} is not mounted; mount again")
+        return pb.HeartbeatResponse(status=_status(exc))
+
+    async def UnmountSegment(self, request: pb.UnmountSegmentRequest,
+                             context: object) -> pb.Status:
+        deleted = self.table.unmount(request.node_id, request.segment_id)
+        log.info("unmounted segment %x of node %s (%d objects lost)", request.segment_id,
+                 request.node_id, len(deleted))
+        await self.store.write(deletes=deleted)
+        return _OK
+
+    async def ListNodes(self, request: pb.ListNodesRequest,
+                        context: object) -> pb.ListNodesResponse:
+        now = time.time()
+        return pb.ListNodesResponse(nodes=[
+            pb.NodeInfo(
+                node_id=s.node_id, segment_id=s.segment_id, endpoint=s.info.endpoint,
+                tier=s.info.tier, size_bytes=s.allocator.capacity_bytes,
+                used_bytes=s.allocator.used_bytes, objects=len(s.keys),
+                last_heartbeat_age_s=max(0.0, now - s.last_heartbeat_s),
+            )
+            for s in self.table.segments()
+        ])
+
+    async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:
+        segments = self.table.segments()
+        counters = dict(self.table.counters)
+        counters["metadata_batches"] = self.store.batches_written
+        counters["metadata_mutations"] = self.store.mutations_written
+        return pb.StatsResponse(
+            objects=self.table.object_count(), processing=self.table.pending_count(),
+            bytes_stored=self.table.bytes_stored(), nodes=len({s.node_id for s in segments}),
+            capacity_bytes=sum(s.allocator.capacity_bytes for s in segments),
+            used_bytes=sum(s.allocator.used_bytes for s in segments),
+            max_object_bytes=max((s.allocator.capacity_bytes for s in segments), default=0),
+            counters=counters,
+        )
+
+
+def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_MasterServiceServicer_to_server(servicer, server)

@@ -1,0 +1,44 @@
+"""`mooncake-store`: the store node daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from mooncake_store.common.config import load_config
+from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.node.config import NodeConfig
+from mooncake_store.node.server import serve
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--master", default=None, help="Master address host:port [127.0.0.1:50051].")
+@click.option("--host", default=None, help="Address to bind and advertise [127.0.0.1].")
+@click.option("--port", type=int, default=None, help="TCP data port; 0 picks a free one [0].")
+@click.option("--health-port", type=int, default=None, help="gRPC health port [0].")
+@click.option("--dram", "dram_bytes", default=None, help="DRAM pool size, e.g. 1GiB [1GiB].")
+@click.option("--node-id", default=None, help="Stable node name [hostname:port].")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="TOML file of settings (overridden by MOONCAKE_NODE_* env and flags).")
+@click.option("--log-level", default="INFO", show_default=True)
+def main(config_file: str | None, log_level: str, **flags: object) -> None:
+    """Run a mooncake-store node: a shared-memory DRAM pool served to clients."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(NodeConfig, env_prefix="MOONCAKE_NODE_",
+                             config_file=config_file, overrides=flags)
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        click.echo(f"mooncake-store: {exc}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

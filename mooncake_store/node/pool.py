@@ -1,0 +1,39 @@
+"""The DRAM tier: one pre-faulted shared-memory segment (memfd) per node.
+
+The segment is a memfd so that a client on the same host can map the very same pages (the node
+passes the descriptor over a unix socket) and copy straight into or out of them; the memory is
+returned to the system when the node and every client have closed it, even after a kill -9.
+The pages are touched at start (MAP_POPULATE) because first-touch page faults cost 5-10x a copy
+on these machines.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+
+class SharedPool:
+    def __init__(self, size_bytes: int, *, name: str = "mooncake-pool") -> None:
+        self.size_bytes = size_bytes
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size_bytes)
+            self._map = mmap.mmap(self.fd, size_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.view = memoryview(self._map)
+
+    def close(self) -> None:
+        """Unmap and close (idempotent).  Pages live on while clients still map them."""
+        if self.fd < 0:
+            return
+        self.view.release()
+        try:
+            self._map.close()
+        except BufferError:  # a transport still holds a slice; the mapping dies with the process
+            pass
+        os.close(self.fd)
+        self.fd = -1
