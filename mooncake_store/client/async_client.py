@@ -122,6 +122,10 @@ class AsyncClient:
         self._master: MasterClient | None = None
         self._shm = ShmMapper()
         self._tcp = TcpPool(timeout_s=timeout_s)
+        #: Transfers by data path, and replicas that failed their checksum on read.
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures"), 0
+        )
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -260,8 +264,10 @@ class AsyncClient:
         pool = await self._local_pool(loc)
         if pool is not None:
             pool[loc.offset : loc.offset + len(value)] = value
+            self.counters["shm_writes"] += 1
         else:
             await self._tcp.write(loc, value)
+            self.counters["tcp_writes"] += 1
 
     # ---- gets -------------------------------------------------------------------------------
 
@@ -335,13 +341,16 @@ class AsyncClient:
             try:
                 if pool is not None:
                     dest[:] = pool[loc.offset : loc.offset + info.size_bytes]
+                    self.counters["shm_reads"] += 1
                 else:
                     await self._tcp.read_into(loc, dest)
+                    self.counters["tcp_reads"] += 1
             except DataPathError as exc:
                 last = exc
                 continue
             if checksum(dest) == info.checksum:
                 return
+            self.counters["checksum_failures"] += 1
             last = ChecksumMismatchError(
                 f"replica of {key!r} on node {loc.node_id} failed its checksum"
             )

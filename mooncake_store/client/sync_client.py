@@ -39,6 +39,11 @@ class Client:
     def master(self) -> str:
         return self._async.master
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """Transfers by data path and checksum failures (see AsyncClient.counters)."""
+        return dict(self._async.counters)
+
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             coro.close()

@@ -1,0 +1,34 @@
+"""Shared fixtures: real clusters of daemon subprocesses on 127.0.0.1, and a polling helper."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mooncake_store.cluster import LocalCluster
+
+# Short liveness settings so failure tests finish quickly.
+FAST_MASTER = ["--heartbeat-interval", "200ms", "--heartbeat-ttl", "1500ms"]
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 15.0,
+               interval_s: float = 0.05, what: str = "condition") -> object:
+    """Poll `predicate` until it returns a truthy value; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A master and three 64 MiB nodes, shared by a test module."""
+    root = tmp_path_factory.mktemp("cluster")
+    with LocalCluster(root, nodes=3, dram="64MiB", master_args=FAST_MASTER) as c:
+        yield c

@@ -1,0 +1,208 @@
+"""Faults with real processes: corruption, forged grants, master restarts, nodes killed mid-put.
+
+The rule under test: a read returns the right bytes or a clear error, never wrong bytes, and a
+put that fails half-way leaves nothing visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+
+import pytest
+
+from mooncake_store import (
+    AccessDeniedError,
+    ChecksumMismatchError,
+    Client,
+    DataPathError,
+    ObjectNotFoundError,
+)
+from mooncake_store.client.master_client import MasterClient
+from mooncake_store.client.transport import ShmMapper, TcpPool
+from mooncake_store.client.types import ReplicaLocation, Retry
+from mooncake_store.cluster import LocalCluster
+from mooncake_store.common.wire import RESPONSE, Op, pack_request
+from tests.conftest import FAST_MASTER, wait_until
+
+
+def replica_list(master: str, key: str):
+    async def call():
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            return (await client.get_replica_list([key]))[0]
+        finally:
+            await client.close()
+    return asyncio.run(call())
+
+
+def put_start(master: str, key: str, size: int):
+    async def call():
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            return (await client.put_start([(key, size, 1)]))[0]
+        finally:
+            await client.close()
+    return asyncio.run(call())
+
+
+def raw_request(loc: ReplicaLocation, op: Op, grant: bytes, offset: int, size: int,
+                payload: bytes = b"") -> tuple[int, bytes]:
+    host, _, port = loc.endpoint.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(pack_request(op, grant, offset, size) + payload)
+        header = sock.recv(RESPONSE.size, socket.MSG_WAITALL)
+        status, _, length = RESPONSE.unpack(header)
+        body = sock.recv(length, socket.MSG_WAITALL) if length else b""
+        return status, body
+
+
+def corrupt(loc: ReplicaLocation) -> None:
+    """Flip a byte of a replica in place, through the node's shared memory."""
+    mapper = ShmMapper()
+    pool = mapper.map(loc)
+    assert pool is not None
+    pool[loc.offset] ^= 0xFF
+    mapper.close()
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    with LocalCluster(root, nodes=3, dram="64MiB",
+                      master_args=[*FAST_MASTER, "--put-timeout", "1s"]) as c:
+        yield c
+
+
+@pytest.mark.parametrize("local_shm", [True, False])
+def test_corrupt_replica_is_never_returned(cluster3, local_shm):
+    key = f"corrupt/{local_shm}"
+    value = os.urandom(200_000)
+    with Client(cluster3.master_address, local_shm=local_shm) as store:
+        store.put(key, value, replicas=2)
+        info = replica_list(cluster3.master_address, key)
+        corrupt(info.replicas[0])
+        assert store.get(key) == value  # served from the healthy replica
+        corrupt(info.replicas[1])
+        with pytest.raises(ChecksumMismatchError):
+            store.get(key)
+        out = bytearray(len(value))
+        with pytest.raises(ChecksumMismatchError):
+            store.get_into(key, out)
+        assert store.counters["checksum_failures"] >= 3
+
+
+def test_node_refuses_forged_expired_and_out_of_range_grants(cluster3):
+    with Client(cluster3.master_address) as store:
+        store.put("granted", os.urandom(10_000))
+    loc = replica_list(cluster3.master_address, "granted").replicas[0]
+    status, body = raw_request(loc, Op.READ, loc.grant, loc.offset, 10_000)
+    assert status == 0 and len(body) == 10_000  # the genuine grant works
+
+    forged = bytearray(loc.grant)
+    forged[8] ^= 0x10  # point the grant somewhere else
+    status, body = raw_request(loc, Op.READ, bytes(forged), loc.offset, 100)
+    assert status == AccessDeniedError.code and b"signature" in body
+    status, body = raw_request(loc, Op.READ, loc.grant, loc.offset + 8192, 10_000)
+    assert status == AccessDeniedError.code and b"outside the granted extent" in body
+    status, body = raw_request(loc, Op.WRITE, loc.grant, loc.offset, 4, b"evil")
+    assert status == AccessDeniedError.code  # a read grant does not allow writing
+
+    plan = put_start(cluster3.master_address, "expiring", 4096)  # put window: 1s
+    wloc = plan.replicas[0]
+
+    def expired() -> bool:
+        status, body = raw_request(wloc, Op.WRITE, wloc.grant, wloc.offset, 4, b"late")
+        return status == AccessDeniedError.code and b"expired" in body
+
+    wait_until(expired, timeout_s=5, what="the write grant to expire")
+    with Client(cluster3.master_address) as store:
+        wait_until(lambda: not store.stats().processing, what="the zombie put to be reclaimed")
+        store.put("expiring", b"a fresh put of the reclaimed key works")
+        assert store.get("expiring") == b"a fresh put of the reclaimed key works"
+
+
+def test_tcp_client_maps_node_errors_to_access_denied(cluster3):
+    with Client(cluster3.master_address) as store:
+        store.put("denied", b"x" * 100)
+    loc = replica_list(cluster3.master_address, "denied").replicas[0]
+    bad = ReplicaLocation(loc.node_id, loc.segment_id, loc.endpoint, "", loc.offset,
+                          loc.size_bytes, b"\0" * len(loc.grant))
+
+    async def read() -> None:
+        pool = TcpPool(timeout_s=5)
+        try:
+            await pool.read_into(bad, memoryview(bytearray(100)))
+        finally:
+            pool.close()
+
+    with pytest.raises(AccessDeniedError):
+        asyncio.run(read())
+
+
+def test_master_restart_keeps_committed_blocks(cluster3):
+    values = {f"durable/{i}": os.urandom(50_000 + i) for i in range(40)}
+    with Client(cluster3.master_address) as store:
+        store.put_many(values)
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        if how == signal.SIGTERM:
+            assert cluster3.master.stop() == 0
+        else:
+            cluster3.master.signal(signal.SIGKILL)
+            cluster3.master.proc.wait()
+        cluster3.start_master()
+        cluster3.wait_for_nodes(3)  # the nodes notice and mount again
+        with Client(cluster3.master_address) as store:
+            assert store.get_many(list(values)) == list(values.values())
+            assert all(store.exists_many(list(values)))
+            # New puts do not overwrite restored extents.
+            store.put_many({f"post-restart/{how}/{i}": os.urandom(60_000) for i in range(20)})
+            assert store.get_many(list(values)) == list(values.values())
+
+
+def test_node_killed_mid_put_leaves_nothing_visible(tmp_path):
+    with LocalCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
+        node = cluster.nodes[0]
+        with Client(cluster.master_address, local_shm=False, timeout_s=30) as store:
+            node.signal(signal.SIGSTOP)  # the 32 MiB TCP write stalls once socket buffers fill
+            errors: list[BaseException] = []
+
+            def put() -> None:
+                try:
+                    store.put("half-written", os.urandom(32 << 20))
+                except BaseException as exc:  # noqa: BLE001
+                    errors.append(exc)
+
+            writer = threading.Thread(target=put)
+            writer.start()
+            wait_until(lambda: store.stats().processing == 1, what="the put to start")
+            node.signal(signal.SIGKILL)
+            writer.join(30)
+            assert not writer.is_alive()
+            assert errors and isinstance(errors[0], DataPathError), errors
+            assert not store.exists("half-written")
+            with pytest.raises(ObjectNotFoundError):
+                store.get("half-written")
+            assert store.stats().processing == 0
+            # The dead node is dropped after its heartbeat TTL; a new node takes puts again.
+            cluster.wait_for_nodes(0)
+            cluster.add_node()
+            cluster.wait_for_nodes(1)
+            store.put("half-written", b"whole")
+            assert store.get("half-written") == b"whole"
+
+
+def test_reads_fall_over_to_a_live_replica(tmp_path):
+    with LocalCluster(tmp_path, nodes=2, dram="32MiB", master_args=FAST_MASTER) as cluster:
+        values = {f"fallover/{i}": os.urandom(100_000) for i in range(10)}
+        with Client(cluster.master_address, local_shm=False) as store:
+            store.put_many(values, replicas=2)
+            cluster.nodes[0].signal(signal.SIGKILL)
+            # Before the master notices, the client skips the dead replica itself...
+            assert store.get_many(list(values)) == list(values.values())
+            cluster.wait_for_nodes(1)
+            # ...and afterwards the master lists only the live one.
+            assert store.get_many(list(values)) == list(values.values())

@@ -1,0 +1,253 @@
+"""ObjectTable state machine with an injected clock: puts, leases, zombies, dead nodes, restore."""
+
+import pytest
+
+from mooncake_store.common.errors import (
+    InvalidKeyError,
+    InvalidValueError,
+    NoSpaceError,
+    ObjectBusyError,
+    ObjectNotFoundError,
+    ReplicaUnavailableError,
+)
+from mooncake_store.master.object_table import (
+    ObjectMeta,
+    ObjectState,
+    ObjectTable,
+    Replica,
+    SegmentInfo,
+    TableConfig,
+)
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def seg(node: str, segment_id: int, size: int = 16 * MiB) -> SegmentInfo:
+    return SegmentInfo(node, segment_id, f"127.0.0.1:{segment_id}", f"shm-{segment_id}", size,
+                       b"k" * 32)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def table(clock):
+    t = ObjectTable(TableConfig(lease_ttl_s=5, put_timeout_s=30, heartbeat_ttl_s=10,
+                                restore_grace_s=60), clock=clock)
+    for i in range(3):
+        t.mount(seg(f"node-{i}", 100 + i))
+    yield t
+    t.validate()
+
+
+def commit(table, key, size=MiB, replicas=1, checksum=42):
+    out = table.put_start(key, size, replicas)
+    table.put_end(key, checksum)
+    table.commit_put_end(key)
+    return out
+
+
+def beat(table):
+    for s in table.segments():
+        assert table.heartbeat(s.node_id, s.segment_id)
+
+
+def used(table):
+    return sum(s.allocator.used_bytes for s in table.segments())
+
+
+def test_put_is_invisible_until_committed(table):
+    out = table.put_start("k", MiB, 1)
+    assert not out.already_exists and len(out.placements) == 1
+    assert not table.exists("k")
+    with pytest.raises(ObjectNotFoundError):
+        table.get_replicas("k")
+    meta = table.put_end("k", 99)
+    assert meta.state is ObjectState.COMMITTING and not table.exists("k")
+    table.validate()
+    assert table.commit_put_end("k") == 1
+    assert table.exists("k")
+    meta, live = table.get_replicas("k")
+    assert meta.checksum == 99 and meta.size_bytes == MiB and len(live) == 1
+
+
+def test_replicas_go_to_distinct_nodes_best_effort(table):
+    out = table.put_start("k", MiB, 3)
+    assert len({s.node_id for s, _ in out.placements}) == 3
+    out = table.put_start("k2", MiB, 5)
+    assert len(out.placements) == 3
+
+
+def test_put_of_existing_key_deduplicates_and_pending_key_is_busy(table):
+    commit(table, "k")
+    before = used(table)
+    assert table.put_start("k", MiB).already_exists
+    assert used(table) == before
+    table.put_start("p", MiB)
+    with pytest.raises(ObjectBusyError):
+        table.put_start("p", MiB)
+    with pytest.raises(ObjectBusyError):
+        table.remove("p")
+
+
+def test_revoke_frees_everything(table):
+    table.put_start("k", MiB, 2)
+    assert used(table) == 2 * MiB
+    table.put_revoke("k")
+    assert used(table) == 0 and table.get("k") is None
+    with pytest.raises(ObjectNotFoundError):
+        table.put_revoke("k")
+    commit(table, "c")
+    with pytest.raises(ObjectBusyError):
+        table.put_revoke("c")
+
+
+def test_put_end_drops_failed_replicas_and_revokes_when_none_left(table):
+    out = table.put_start("k", MiB, 2)
+    failed = out.placements[0][1].segment_id
+    meta = table.put_end("k", 1, [failed])
+    assert [r.segment_id for r in meta.replicas] == [out.placements[1][1].segment_id]
+    assert used(table) == MiB
+    out = table.put_start("gone", MiB, 2)
+    with pytest.raises(ReplicaUnavailableError):
+        table.put_end("gone", 1, [s.segment_id for s, _ in out.placements])
+    assert table.get("gone") is None
+    with pytest.raises(ObjectNotFoundError):
+        table.put_end("never-started", 1)
+
+
+def test_zombie_puts_are_reclaimed_after_the_timeout(table, clock):
+    table.put_start("z", MiB)
+    clock.now += 29
+    beat(table)
+    assert table.tick().reclaimed_puts == []
+    clock.now += 2
+    assert table.tick().reclaimed_puts == ["z"]
+    assert table.get("z") is None and used(table) == 0
+    with pytest.raises(ObjectNotFoundError):
+        table.put_end("z", 1)
+
+
+def test_remove_under_a_read_lease_defers_the_free(table, clock):
+    commit(table, "k")
+    table.get_replicas("k")  # lease until now + 5
+    table.remove("k")
+    assert not table.exists("k")
+    assert used(table) == MiB  # bytes still protected
+    clock.now += 4
+    table.tick()
+    assert used(table) == MiB
+    clock.now += 2
+    table.tick()
+    assert used(table) == 0
+    commit(table, "unleased")
+    table.remove("unleased")
+    assert used(table) == 0
+    with pytest.raises(ObjectNotFoundError):
+        table.remove("unleased")
+
+
+def test_exists_does_not_count_as_an_access(table):
+    commit(table, "k")
+    table.exists("k")
+    assert table.get("k").access_count == 0 and table.get("k").lease_until_s == 0
+    table.get_replicas("k")
+    assert table.get("k").access_count == 1
+
+
+def test_dead_node_loses_its_replicas(table, clock):
+    out = commit(table, "two", replicas=2)
+    solo = commit(table, "solo", replicas=1)
+    solo_seg = solo.placements[0][1].segment_id
+    clock.now += 6
+    for s in table.segments():  # every node but the solo one heartbeats
+        if s.segment_id != solo_seg:
+            assert table.heartbeat(s.node_id, s.segment_id)
+    clock.now += 6
+    result = table.tick()
+    assert [i.segment_id for i in result.dead_segments] == [solo_seg]
+    assert "solo" in result.deleted_keys and table.get("solo") is None
+    two_segs = {r.segment_id for _, r in out.placements}
+    if solo_seg in two_segs:
+        assert len(table.get("two").replicas) == 1
+    assert table.exists("two")
+    assert not table.heartbeat("node-x", solo_seg)
+
+
+def test_restarted_node_replaces_its_old_segment(table):
+    out = commit(table, "k", replicas=3)
+    assert len(out.placements) == 3
+    table.mount(seg("node-0", 999))
+    assert len(table.get("k").replicas) == 2
+    assert 100 not in {s.segment_id for s in table.segments()}
+    table.mount(seg("node-0", 999))  # idempotent
+    assert len(table.segments()) == 3
+
+
+def test_unmount_returns_deleted_keys(table):
+    out = commit(table, "k")
+    segment = out.placements[0][0]
+    assert table.unmount(segment.node_id, segment.segment_id) == ["k"]
+    assert table.unmount(segment.node_id, segment.segment_id) == []
+
+
+def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
+    config = TableConfig(restore_grace_s=30)
+    t = ObjectTable(config, clock=clock)
+    metas = [
+        ObjectMeta("a", MiB, ObjectState.COMPLETE, [Replica(100, 0), Replica(101, 0)], checksum=1),
+        ObjectMeta("b", 10, ObjectState.COMPLETE, [Replica(100, MiB)], checksum=2),
+        ObjectMeta("c", 10, ObjectState.COMPLETE, [Replica(102, 0)], checksum=3),
+    ]
+    assert t.restore(metas) == 3
+    with pytest.raises(ReplicaUnavailableError):
+        t.get_replicas("a")
+    assert not t.exists("a")
+    t.mount(seg("node-0", 100))
+    t.validate()
+    assert t.exists("a") and t.exists("b") and not t.exists("c")
+    s100 = t.segment(100)
+    assert s100.allocator.used_bytes == MiB + 4096
+    off = t.put_start("new", MiB).placements[0][1].offset
+    assert off not in (0, MiB)  # restored extents are not handed out again
+    clock.now += 31
+    beat(t)
+    result = t.tick()
+    assert result.deleted_keys == ["c"]
+    assert [r.segment_id for r in t.get("a").replicas] == [100]
+    t.validate()
+
+
+def test_bad_input(table):
+    with pytest.raises(InvalidKeyError):
+        table.put_start("", 1)
+    with pytest.raises(InvalidKeyError):
+        table.put_start("x" * 1025, 1)
+    with pytest.raises(InvalidValueError):
+        table.put_start("k", 0)
+    with pytest.raises(InvalidValueError, match="larger than any node's pool"):
+        table.put_start("k", 17 * MiB)
+
+
+def test_no_space(clock):
+    t = ObjectTable(TableConfig(), clock=clock)
+    with pytest.raises(NoSpaceError, match="no store node is mounted"):
+        t.put_start("k", 1)
+    t.mount(seg("n", 1, size=4 * MiB))
+    for i in range(4):
+        commit(t, f"k{i}")
+    with pytest.raises(NoSpaceError, match="contiguous free bytes"):
+        t.put_start("full", 1)
+    t.remove("k0")
+    commit(t, "full")
+    t.validate()
