@@ -35,7 +35,10 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py $(ARGS)
 
 lint: $(STAMP)
+	$(PIP) install --quiet -e '.[test,dev]'
 	$(VENV)/bin/ruff check mooncake_store tests scripts
+	$(VENV)/bin/ruff format --check mooncake_store tests scripts
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) mooncake-data .pytest_cache

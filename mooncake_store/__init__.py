@@ -1,9 +1,9 @@
 """mooncake-store: a distributed KVCache object store for LLM serving.
 
-    from mooncake_store import Client
-    with Client("127.0.0.1:50051") as store:
-        store.put("key", b"bytes")
-        assert store.get("key") == b"bytes"
+from mooncake_store import Client
+with Client("127.0.0.1:50051") as store:
+    store.put("key", b"bytes")
+    assert store.get("key") == b"bytes"
 """
 
 from mooncake_store.client.async_client import AsyncClient

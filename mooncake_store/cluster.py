@@ -27,14 +27,24 @@ _NODE_READY = re.compile(r"mooncake-store node (\S+) serving .* data (\S+):(\d+)
 class DaemonProcess:
     """One daemon subprocess whose start-up line has been read."""
 
-    def __init__(self, args: Sequence[str], log_path: Path, ready: re.Pattern[str],
-                 timeout_s: float, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        ready: re.Pattern[str],
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.args = list(args)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True,
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,
         )
         self.match = self._wait_ready(ready, timeout_s)
         threading.Thread(target=self._drain, daemon=True).start()
@@ -106,9 +116,16 @@ class LocalCluster:
                 store.put("k", b"v")
     """
 
-    def __init__(self, root: str | Path, *, nodes: int = 2, dram: str = "64MiB",
-                 master_args: Sequence[str] = (), node_args: Sequence[str] = (),
-                 start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        nodes: int = 2,
+        dram: str = "64MiB",
+        master_args: Sequence[str] = (),
+        node_args: Sequence[str] = (),
+        start_timeout_s: float = 30.0,
+    ) -> None:
         self.root = Path(root)
         self.data_dir = self.root / "master"
         self.log_dir = self.root / "logs"
@@ -134,23 +151,43 @@ class LocalCluster:
 
     def start_master(self) -> DaemonProcess:
         """Start the master (again, on the same port and data directory after a stop)."""
-        args = [sys.executable, "-m", "mooncake_store.master", "--host", "127.0.0.1",
-                "--port", str(self.master_port), "--data-dir", str(self.data_dir),
-                *self.master_args]
-        self.master = DaemonProcess(args, self.log_dir / "master.log", _MASTER_READY,
-                                    self.timeout_s)
+        args = [
+            sys.executable,
+            "-m",
+            "mooncake_store.master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.master_port),
+            "--data-dir",
+            str(self.data_dir),
+            *self.master_args,
+        ]
+        self.master = DaemonProcess(
+            args, self.log_dir / "master.log", _MASTER_READY, self.timeout_s
+        )
         self.master_port = int(self.master.match.group(2))
         return self.master
 
     def add_node(self, *extra_args: str, dram: str | None = None) -> DaemonProcess:
-        index = len(self.nodes)
-        args = [sys.executable, "-m", "mooncake_store.node", "--master", self.master_address,
-                "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id",
-                f"node-{index}", *self.node_args, *extra_args]
-        node = DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY,
-                             self.timeout_s)
+        node = self._spawn_node(len(self.nodes), extra_args, dram)
         self.nodes.append(node)
         return node
+
+    def restart_node(self, index: int, *extra_args: str) -> DaemonProcess:
+        """Start node `index` again under the same node id (after it stopped or was killed)."""
+        if self.nodes[index].alive():
+            raise RuntimeError(f"node-{index} is still running")
+        self.nodes[index] = self._spawn_node(index, extra_args, None)
+        return self.nodes[index]
+
+    def _spawn_node(self, index: int, extra_args: Sequence[str], dram: str | None) -> DaemonProcess:
+        args = [
+            sys.executable, "-m", "mooncake_store.node", "--master", self.master_address,
+            "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id", f"node-{index}",
+            *self.node_args, *extra_args,
+        ]  # fmt: skip
+        return DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY, self.timeout_s)
 
     def node_endpoint(self, index: int) -> str:
         m = self.nodes[index].match
@@ -189,12 +226,20 @@ class LocalCluster:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data-dir", default="mooncake-data", show_default=True,
-              help="Directory for the master's RocksDB and the logs.")
+@click.option(
+    "--data-dir",
+    default="mooncake-data",
+    show_default=True,
+    help="Directory for the master's RocksDB and the logs.",
+)
 @click.option("--nodes", default=2, show_default=True, help="Store nodes to start.")
 @click.option("--dram", default="256MiB", show_default=True, help="DRAM pool per node.")
-@click.option("--demo/--no-demo", default=True, show_default=True,
-              help="Run the demo workload once the cluster is up.")
+@click.option(
+    "--demo/--no-demo",
+    default=True,
+    show_default=True,
+    help="Run the demo workload once the cluster is up.",
+)
 @click.option("--exit", "exit_after", is_flag=True, help="Stop after the demo instead of serving.")
 def main(data_dir: str, nodes: int, dram: str, demo: bool, exit_after: bool) -> None:
     """Start a local cluster (master + store nodes) on 127.0.0.1 and serve until Ctrl-C."""
@@ -204,8 +249,10 @@ def main(data_dir: str, nodes: int, dram: str, demo: bool, exit_after: bool) -> 
     cluster.master_port = 50051 if not exit_after else 0
     try:
         cluster.start()
-        click.echo(f"cluster up: master {cluster.master_address}, {nodes} nodes x {dram} DRAM "
-                   f"(logs in {cluster.log_dir})")
+        click.echo(
+            f"cluster up: master {cluster.master_address}, {nodes} nodes x {dram} DRAM "
+            f"(logs in {cluster.log_dir})"
+        )
         if demo:
             run_demo(cluster.master_address, echo=click.echo)
         if not exit_after:

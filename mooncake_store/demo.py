@@ -36,7 +36,9 @@ def _fake_kv(key: str) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(KV_SHAPE).astype(np.float16)
 
 
-def run_demo(master: str, *, echo: Callable[[str], None] = print, requests: int = 6) -> dict[str, int]:
+def run_demo(
+    master: str, *, echo: Callable[[str], None] = print, requests: int = 6
+) -> dict[str, int]:
     rng = np.random.default_rng(7)
     system_prompt = rng.integers(0, 32000, 4 * TOKENS_PER_BLOCK)
     totals = {"blocks": 0, "hits": 0, "bytes_read": 0, "bytes_written": 0}
@@ -62,15 +64,19 @@ def run_demo(master: str, *, echo: Callable[[str], None] = print, requests: int 
             elapsed_ms = (time.perf_counter() - started) * 1000
             block_bytes = kv[0].nbytes
             read, wrote = hits * block_bytes, (len(keys) - hits) * block_bytes
-            echo(f"{i:>7} {len(keys):>6} {hits:>6} {read / 2**20:>8.1f} {wrote / 2**20:>9.1f} "
-                 f"{elapsed_ms:>7.1f}")
+            echo(
+                f"{i:>7} {len(keys):>6} {hits:>6} {read / 2**20:>8.1f} {wrote / 2**20:>9.1f} "
+                f"{elapsed_ms:>7.1f}"
+            )
             totals["blocks"] += len(keys)
             totals["hits"] += hits
             totals["bytes_read"] += read
             totals["bytes_written"] += wrote
         stats = store.stats()
-    echo(f"prefix hits: {totals['hits']}/{totals['blocks']} blocks "
-         f"({totals['bytes_read'] / 2**20:.0f} MiB of prefill reused); "
-         f"store holds {stats.objects} objects on {stats.nodes} nodes, "
-         f"{stats.used_bytes / 2**20:.0f}/{stats.capacity_bytes / 2**20:.0f} MiB used")
+    echo(
+        f"prefix hits: {totals['hits']}/{totals['blocks']} blocks "
+        f"({totals['bytes_read'] / 2**20:.0f} MiB of prefill reused); "
+        f"store holds {stats.objects} objects on {stats.nodes} nodes, "
+        f"{stats.used_bytes / 2**20:.0f}/{stats.capacity_bytes / 2**20:.0f} MiB used"
+    )
     return totals

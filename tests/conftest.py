@@ -13,8 +13,12 @@ from mooncake_store.cluster import LocalCluster
 FAST_MASTER = ["--heartbeat-interval", "200ms", "--heartbeat-ttl", "1500ms"]
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float = 15.0,
-               interval_s: float = 0.05, what: str = "condition") -> object:
+def wait_until(
+    predicate: Callable[[], object],
+    timeout_s: float = 15.0,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> object:
     """Poll `predicate` until it returns a truthy value; fail the test after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -81,6 +81,14 @@ class _Pending:
     failed: list[int] | None = None
     error: MooncakeError | None = None
 
+    def landed(self) -> bool:
+        """True once at least one replica was written."""
+        return (
+            self.plan is not None
+            and self.failed is not None
+            and len(self.failed) < len(self.plan.replicas)
+        )
+
 
 class AsyncClient:
     """Asynchronous client of a mooncake-store cluster.
@@ -170,8 +178,7 @@ class AsyncClient:
         """
         return (await self.put_many([(key, value)], replicas=replicas))[0]
 
-    async def put_from(self, key: str, buffer: object, *, replicas: int | None = None
-                       ) -> PutResult:
+    async def put_from(self, key: str, buffer: object, *, replicas: int | None = None) -> PutResult:
         """Store the bytes of `buffer` (numpy array, memoryview, ...) without an extra copy."""
         return await self.put(key, buffer, replicas=replicas)
 
@@ -189,8 +196,12 @@ class AsyncClient:
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         wanted = self._replicas(replicas)
         pending: list[_Pending] = []
+        seen: set[str] = set()
         for key, value in pairs:
             validate_key(key)
+            if key in seen:  # a repeated key in one batch names the same content: write it once
+                continue
+            seen.add(key)
             view = as_readable(value)
             if len(view) == 0:
                 raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
@@ -204,7 +215,7 @@ class AsyncClient:
             return []
         master = self._master_client()
         plans = await master.put_start([(p.key, len(p.value), wanted) for p in pending])
-        for p, plan in zip(pending, plans):
+        for p, plan in zip(pending, plans, strict=True):
             if isinstance(plan, MooncakeError):
                 p.error = plan
             else:
@@ -218,15 +229,14 @@ class AsyncClient:
             if to_write:
                 await asyncio.shield(master.put_revoke([p.key for p in to_write]))
             raise
-        to_end = [p for p in to_write if p.failed is not None
-                  and len(p.failed) < len(p.plan.replicas)]  # type: ignore[union-attr]
-        to_revoke = [p for p in to_write if p not in to_end]
+        to_end = [p for p in to_write if p.landed()]
+        to_revoke = [p for p in to_write if not p.landed()]
         committed: dict[str, int] = {}
         if to_end:
             ends = await master.put_end(
                 [(p.key, checksum(p.value), p.failed or ()) for p in to_end]
             )
-            for p, end in zip(to_end, ends):
+            for p, end in zip(to_end, ends, strict=True):
                 if isinstance(end, MooncakeError):
                     p.error = end
                 else:
@@ -238,10 +248,14 @@ class AsyncClient:
         for p in pending:
             if p.error is not None:
                 raise p.error
-        return [
-            PutResult(p.key, committed.get(p.key, 0), p.plan is not None and p.plan.already_exists)
-            for p in pending
-        ]
+        first = {p.key: p.plan is not None and p.plan.already_exists for p in pending}
+        results = []
+        for key, _ in pairs:
+            if key in first:
+                results.append(PutResult(key, committed.get(key, 0), first.pop(key)))
+            else:  # a repeat within the batch
+                results.append(PutResult(key, 0, True))
+        return results
 
     async def _write_replicas(self, p: _Pending) -> None:
         assert p.plan is not None
@@ -249,7 +263,7 @@ class AsyncClient:
             *(self._write_one(loc, p.value) for loc in p.plan.replicas), return_exceptions=True
         )
         p.failed = []
-        for loc, result in zip(p.plan.replicas, results):
+        for loc, result in zip(p.plan.replicas, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, MooncakeError):
                     raise result
@@ -257,7 +271,7 @@ class AsyncClient:
                 p.error = p.error or DataPathError(
                     f"writing {p.key!r} to node {loc.node_id} failed: {result}"
                 )
-        if len(p.failed) < len(p.plan.replicas):
+        if p.landed():
             p.error = None  # at least one replica landed: the put succeeds
 
     async def _write_one(self, loc: ReplicaLocation, value: memoryview) -> None:
@@ -288,9 +302,12 @@ class AsyncClient:
         """
         infos = await self._replica_lists(keys)
         buffers = [bytearray(info.size_bytes) for info in infos]
-        await asyncio.gather(*(
-            self._read(key, info, memoryview(buf)) for key, info, buf in zip(keys, infos, buffers)
-        ))
+        await asyncio.gather(
+            *(
+                self._read(key, info, memoryview(buf))
+                for key, info, buf in zip(keys, infos, buffers, strict=True)
+            )
+        )
         return [bytes(buf) for buf in buffers]
 
     async def get_into(self, key: str, buffer: object) -> int:
@@ -308,21 +325,26 @@ class AsyncClient:
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
         views = [as_writable(b) for b in buffers]
         infos = await self._replica_lists(keys)
-        for key, info, view in zip(keys, infos, views):
+        for key, info, view in zip(keys, infos, views, strict=True):
             if len(view) < info.size_bytes:
                 raise BufferTooSmallError(
                     f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
                     f"pass a buffer of at least {info.size_bytes} bytes"
                 )
-        await asyncio.gather(*(
-            self._read(k, i, v[: i.size_bytes]) for k, i, v in zip(keys, infos, views)
-        ))
+        await asyncio.gather(
+            *(
+                self._read(k, i, v[: i.size_bytes])
+                for k, i, v in zip(keys, infos, views, strict=True)
+            )
+        )
         return [info.size_bytes for info in infos]
 
     async def _replica_lists(self, keys: Sequence[str]) -> list[ReplicaList]:
         keys = [validate_key(k) for k in keys]
         results = await self._master_client().get_replica_list(keys)
-        missing = [k for k, r in zip(keys, results) if isinstance(r, ObjectNotFoundError)]
+        missing = [
+            k for k, r in zip(keys, results, strict=True) if isinstance(r, ObjectNotFoundError)
+        ]
         if missing:
             shown = ", ".join(repr(k) for k in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -358,18 +380,19 @@ class AsyncClient:
             raise last
         raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {last}")
 
-    async def _by_locality(self, replicas: list[ReplicaLocation]
-                           ) -> list[tuple[ReplicaLocation, memoryview | None]]:
+    async def _by_locality(
+        self, replicas: list[ReplicaLocation]
+    ) -> list[tuple[ReplicaLocation, memoryview | None]]:
         with_pool = [(loc, await self._local_pool(loc)) for loc in replicas]
         return sorted(with_pool, key=lambda lp: lp[1] is None)
 
     async def _local_pool(self, loc: ReplicaLocation) -> memoryview | None:
         if not self.local_shm:
             return None
-        hit = self._shm.cached(loc)
-        if hit is None:
-            return await asyncio.get_running_loop().run_in_executor(None, self._shm.map, loc)
-        return hit or None
+        view = self._shm.cached(loc)
+        if view is None and self._shm.worth_probing(loc):
+            view = await asyncio.get_running_loop().run_in_executor(None, self._shm.map, loc)
+        return view
 
     # ---- metadata ---------------------------------------------------------------------------
 
@@ -401,14 +424,33 @@ class AsyncClient:
     async def stats(self) -> ClusterStats:
         """Cluster-wide counts from the master."""
         s = await self._master_client().stats()
-        return ClusterStats(s.objects, s.processing, s.bytes_stored, s.nodes, s.capacity_bytes,
-                            s.used_bytes, s.max_object_bytes, dict(s.counters))
+        return ClusterStats(
+            s.objects,
+            s.processing,
+            s.bytes_stored,
+            s.nodes,
+            s.capacity_bytes,
+            s.used_bytes,
+            s.max_object_bytes,
+            dict(s.counters),
+        )
 
     async def list_nodes(self) -> list[NodeStatus]:
         """The mounted store nodes with their usage."""
         reply = await self._master_client().list_nodes()
-        return [NodeStatus(n.node_id, n.segment_id, n.endpoint, n.tier, n.size_bytes,
-                           n.used_bytes, n.objects, n.last_heartbeat_age_s) for n in reply.nodes]
+        return [
+            NodeStatus(
+                n.node_id,
+                n.segment_id,
+                n.endpoint,
+                n.tier,
+                n.size_bytes,
+                n.used_bytes,
+                n.objects,
+                n.last_heartbeat_age_s,
+            )
+            for n in reply.nodes
+        ]
 
     def _replicas(self, replicas: int | None) -> int:
         wanted = replicas if replicas is not None else self.replicas

@@ -31,8 +31,15 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 def _location(loc: pb.ReplicaLocation) -> ReplicaLocation:
-    return ReplicaLocation(loc.node_id, loc.segment_id, loc.endpoint, loc.shm_socket,
-                           loc.offset, loc.size_bytes, bytes(loc.grant))
+    return ReplicaLocation(
+        loc.node_id,
+        loc.segment_id,
+        loc.endpoint,
+        loc.shm_socket,
+        loc.offset,
+        loc.size_bytes,
+        bytes(loc.grant),
+    )
 
 
 def status_error(status: pb.Status) -> MooncakeError | None:
@@ -56,7 +63,7 @@ class MasterClient:
         """Raise MasterUnavailableError unless the master answers within `timeout_s`."""
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise MasterUnavailableError(
                 f"cannot reach the mooncake master at {self.address} within {timeout_s:g}s: "
                 "is mooncake-master running there?"
@@ -80,8 +87,9 @@ class MasterClient:
                 await asyncio.sleep(delays[attempt])
         raise AssertionError("unreachable")
 
-    async def put_start(self, items: Sequence[tuple[str, int, int]]
-                        ) -> list[PutPlan | MooncakeError]:
+    async def put_start(
+        self, items: Sequence[tuple[str, int, int]]
+    ) -> list[PutPlan | MooncakeError]:
         request = pb.BatchPutStartRequest(
             items=[pb.PutStartItem(key=k, size_bytes=n, replicas=r) for k, n, r in items]
         )
@@ -89,15 +97,17 @@ class MasterClient:
         out: list[PutPlan | MooncakeError] = []
         for result in reply.results:
             err = status_error(result.status)
-            out.append(err or PutPlan(result.already_exists,
-                                      [_location(r) for r in result.replicas]))
+            out.append(
+                err or PutPlan(result.already_exists, [_location(r) for r in result.replicas])
+            )
         return out
 
-    async def put_end(self, items: Sequence[tuple[str, int, Sequence[int]]]
-                      ) -> list[int | MooncakeError]:
-        request = pb.BatchPutEndRequest(items=[
-            pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items
-        ])
+    async def put_end(
+        self, items: Sequence[tuple[str, int, Sequence[int]]]
+    ) -> list[int | MooncakeError]:
+        request = pb.BatchPutEndRequest(
+            items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
+        )
         reply = await self._call(self._stub.BatchPutEnd, request)
         return [status_error(r.status) or r.replicas for r in reply.results]
 
@@ -110,8 +120,12 @@ class MasterClient:
         out: list[ReplicaList | MooncakeError] = []
         for result in reply.results:
             err = status_error(result.status)
-            out.append(err or ReplicaList(result.size_bytes, result.checksum,
-                                          [_location(r) for r in result.replicas]))
+            out.append(
+                err
+                or ReplicaList(
+                    result.size_bytes, result.checksum, [_location(r) for r in result.replicas]
+                )
+            )
         return out
 
     async def exists(self, keys: Sequence[str]) -> list[bool]:

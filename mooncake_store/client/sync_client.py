@@ -30,8 +30,9 @@ class Client:
     def __init__(self, master: str = DEFAULT_MASTER, **options: Any) -> None:
         self._async = AsyncClient(master, **options)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="mooncake-client",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="mooncake-client", daemon=True
+        )
         self._thread.start()
         self._closed = False
 
@@ -80,8 +81,12 @@ class Client:
     def put_from(self, key: str, buffer: object, *, replicas: int | None = None) -> PutResult:
         return self._run(self._async.put_from(key, buffer, replicas=replicas))
 
-    def put_many(self, items: Mapping[str, object] | Iterable[tuple[str, object]], *,
-                 replicas: int | None = None) -> list[PutResult]:
+    def put_many(
+        self,
+        items: Mapping[str, object] | Iterable[tuple[str, object]],
+        *,
+        replicas: int | None = None,
+    ) -> list[PutResult]:
         return self._run(self._async.put_many(items, replicas=replicas))
 
     def get(self, key: str) -> bytes:
@@ -115,7 +120,20 @@ class Client:
         return self._run(self._async.list_nodes())
 
     # Copy the method docs from the async client: one source of truth.
-    for _name in ("put", "put_from", "put_many", "get", "get_many", "get_into", "get_many_into",
-                  "exists", "exists_many", "remove", "remove_many", "stats", "list_nodes"):
+    for _name in (
+        "put",
+        "put_from",
+        "put_many",
+        "get",
+        "get_many",
+        "get_into",
+        "get_many_into",
+        "exists",
+        "exists_many",
+        "remove",
+        "remove_many",
+        "stats",
+        "list_nodes",
+    ):
         locals()[_name].__doc__ = getattr(AsyncClient, _name).__doc__
     del _name

@@ -29,22 +29,23 @@ class ShmMapper:
 
     def __init__(self) -> None:
         self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._node_segment: dict[str, int] = {}
         self._remote: set[str] = set()
 
-    def cached(self, loc: ReplicaLocation) -> memoryview | None | bool:
-        """The mapped pool, False if known remote, None if not tried yet."""
+    def cached(self, loc: ReplicaLocation) -> memoryview | None:
+        """The mapped pool of `loc`'s segment, if it is mapped already."""
         entry = self._maps.get(loc.segment_id)
-        if entry is not None:
-            return entry[1]
-        if not loc.shm_socket or loc.shm_socket in self._remote:
-            return False
-        return None
+        return entry[1] if entry is not None else None
+
+    def worth_probing(self, loc: ReplicaLocation) -> bool:
+        """False when `loc`'s node is known to be on another host."""
+        return bool(loc.shm_socket) and loc.shm_socket not in self._remote
 
     def map(self, loc: ReplicaLocation) -> memoryview | None:
         """Map the pool of `loc`'s node if it is on this host (blocking; run in an executor)."""
-        hit = self.cached(loc)
-        if hit is not None:
-            return hit or None
+        view = self.cached(loc)
+        if view is not None or not self.worth_probing(loc):
+            return view
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(2.0)
         try:
@@ -64,22 +65,42 @@ class ShmMapper:
         try:
             if segment_id != loc.segment_id:
                 return None
-            mapping = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            mapping = mmap.mmap(
+                fds[0],
+                size,
+                flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
         finally:
             socket.close(fds[0])
         view = memoryview(mapping)
         self._maps[segment_id] = (mapping, view)
+        # A node seen with a new segment restarted: its old pool is dead, and holding the
+        # mapping would keep the whole pool's memory alive.
+        previous = self._node_segment.get(loc.node_id)
+        self._node_segment[loc.node_id] = segment_id
+        if previous is not None and previous != segment_id:
+            self._unmap(previous)
         return view
 
-    def close(self) -> None:
-        for mapping, view in self._maps.values():
+    def mapped_segments(self) -> list[int]:
+        return list(self._maps)
+
+    def _unmap(self, segment_id: int) -> None:
+        entry = self._maps.pop(segment_id, None)
+        if entry is None:
+            return
+        mapping, view = entry
+        try:
             view.release()
-            try:
-                mapping.close()
-            except BufferError:  # a caller still holds a slice; freed with the process
-                pass
-        self._maps.clear()
+            mapping.close()
+        except BufferError:  # a copy still holds a slice; freed when the process exits
+            pass
+
+    def close(self) -> None:
+        for segment_id in list(self._maps):
+            self._unmap(segment_id)
+        self._node_segment.clear()
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -109,7 +130,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self._stage == "idle":  # unsolicited bytes: protocol violation
             self.broken = True
             return memoryview(bytearray(max(sizehint, 1)))
-        return self._target[self._filled:]
+        return self._target[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._stage == "idle":
@@ -126,8 +147,9 @@ class _Connection(asyncio.BufferedProtocol):
                 self._stage, self._target, self._filled = "error", memoryview(bytearray(size)), 0
             elif self._dest is not None:
                 if size != len(self._dest):
-                    self._finish(exc=DataPathError(
-                        f"node sent {size} bytes, expected {len(self._dest)}"))
+                    self._finish(
+                        exc=DataPathError(f"node sent {size} bytes, expected {len(self._dest)}")
+                    )
                     return
                 self._stage, self._target, self._filled = "payload", self._dest, 0
             else:
@@ -136,7 +158,9 @@ class _Connection(asyncio.BufferedProtocol):
                 self.buffer_updated(0)
             return
         if self._stage == "error":
-            self._finish(exc=error_for_code(self._status, bytes(self._target).decode(errors="replace")))
+            self._finish(
+                exc=error_for_code(self._status, bytes(self._target).decode(errors="replace"))
+            )
             return
         self._finish()
 
@@ -154,8 +178,9 @@ class _Connection(asyncio.BufferedProtocol):
             else:
                 done.set_exception(exc)
 
-    def request(self, frame: bytes, payload: memoryview | None,
-                dest: memoryview | None) -> asyncio.Future[bytes]:
+    def request(
+        self, frame: bytes, payload: memoryview | None, dest: memoryview | None
+    ) -> asyncio.Future[bytes]:
         assert self.transport is not None and self._stage == "idle"
         self._done = asyncio.get_running_loop().create_future()
         self._dest = dest
@@ -186,7 +211,7 @@ class TcpPool:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, host, int(port)), self.timeout_s
             )
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise DataPathError(f"cannot connect to store node {endpoint}: {exc!r}") from exc
         return conn
 
@@ -198,13 +223,14 @@ class TcpPool:
             return
         idle.append(conn)
 
-    async def _exchange(self, loc: ReplicaLocation, op: Op, payload: memoryview | None,
-                        dest: memoryview | None) -> None:
+    async def _exchange(
+        self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
+    ) -> None:
         conn = await self._acquire(loc.endpoint)
         frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
         try:
             await asyncio.wait_for(conn.request(frame, payload, dest), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             conn.broken = True
             raise DataPathError(
                 f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"

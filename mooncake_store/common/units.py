@@ -6,19 +6,33 @@ import re
 
 from mooncake_store.common.errors import InvalidArgumentError
 
+# Bare letters (4K, 16M, 1G) are binary, as in dd and most storage tools; "KB/MB/GB" are decimal.
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
-    "ti": 1024**4, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "k": 1024,
+    "ki": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "ti": 1024**4,
+    "tib": 1024**4,
 }
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(value: str | int) -> int:
-    """Return a byte count from `1048576`, `"4MiB"`, `"1.5GB"`.
+    """Return a byte count from `1048576`, `"4MiB"`, `"64K"` (binary), `"1.5GB"` (decimal).
 
     Raises:
         InvalidArgumentError: the text is not a non-negative number with a known unit.

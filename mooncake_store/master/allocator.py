@@ -46,6 +46,10 @@ class ExtentAllocator:
     def largest_free(self) -> int:
         return self._free_by_size[-1][0] if self._free_by_size else 0
 
+    def extent(self, offset: int) -> int:
+        """Length of the allocation at `offset` (KeyError if none)."""
+        return self._allocated[offset]
+
     def allocations(self) -> int:
         return len(self._allocated)
 

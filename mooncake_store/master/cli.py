@@ -19,23 +19,42 @@ from mooncake_store.master.server import serve
 @click.option("--port", type=int, default=None, help="Port to bind; 0 picks a free one [50051].")
 @click.option("--data-dir", default=None, help="RocksDB directory [./mooncake-data/master].")
 @click.option("--lease-ttl", "lease_ttl_s", default=None, help="Read lease, e.g. 5s.")
-@click.option("--put-timeout", "put_timeout_s", default=None,
-              help="A put not ended within this is reclaimed [30s].")
-@click.option("--heartbeat-interval", "heartbeat_interval_s", default=None,
-              help="How often nodes heartbeat [1s].")
-@click.option("--heartbeat-ttl", "heartbeat_ttl_s", default=None,
-              help="A node silent this long is declared dead [10s].")
+@click.option(
+    "--put-timeout",
+    "put_timeout_s",
+    default=None,
+    help="A put not ended within this is reclaimed [30s].",
+)
+@click.option(
+    "--heartbeat-interval",
+    "heartbeat_interval_s",
+    default=None,
+    help="How often nodes heartbeat [1s].",
+)
+@click.option(
+    "--heartbeat-ttl",
+    "heartbeat_ttl_s",
+    default=None,
+    help="A node silent this long is declared dead [10s].",
+)
 @click.option("--default-replicas", type=int, default=None, help="Replicas per put [1].")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="TOML file of settings (overridden by MOONCAKE_MASTER_* env and flags).")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML file of settings (overridden by MOONCAKE_MASTER_* env and flags).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run the mooncake-store master (metadata and routing, persisted in RocksDB)."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
-        config = load_config(MasterConfig, env_prefix="MOONCAKE_MASTER_",
-                             config_file=config_file, overrides=flags)
+        config = load_config(
+            MasterConfig, env_prefix="MOONCAKE_MASTER_", config_file=config_file, overrides=flags
+        )
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     try:

@@ -27,7 +27,9 @@ class MasterConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise InvalidArgumentError(f"port must be 0-65535 (0 picks a free one), got {self.port}")
+            raise InvalidArgumentError(
+                f"port must be 0-65535 (0 picks a free one), got {self.port}"
+            )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise InvalidArgumentError(
                 f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_interval_s "
@@ -37,7 +39,9 @@ class MasterConfig:
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.default_replicas < 1:
-            raise InvalidArgumentError(f"default_replicas must be >= 1, got {self.default_replicas}")
+            raise InvalidArgumentError(
+                f"default_replicas must be >= 1, got {self.default_replicas}"
+            )
         a = self.alignment_bytes
         if a < 64 or a & (a - 1):
             raise InvalidArgumentError(f"alignment_bytes must be a power of two >= 64, got {a}")

@@ -37,6 +37,7 @@ from mooncake_store.common.keys import validate_key
 from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.placement import choose_segments
 
+
 class ObjectState(Enum):
     PROCESSING = 1
     COMMITTING = 2
@@ -79,7 +80,7 @@ class SegmentInfo:
 class Segment:
     """A mounted segment: its mount info, allocator, liveness and the keys it holds."""
 
-    __slots__ = ("info", "allocator", "last_heartbeat_s", "keys")
+    __slots__ = ("allocator", "info", "keys", "last_heartbeat_s")
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, now: float) -> None:
         self.info = info
@@ -140,8 +141,15 @@ class ObjectTable:
         self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
         self.counters: dict[str, int] = dict.fromkeys(
             (
-                "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
-                "puts_reclaimed", "gets", "removes", "segments_expired", "replicas_dropped",
+                "puts_started",
+                "puts_committed",
+                "puts_deduplicated",
+                "puts_revoked",
+                "puts_reclaimed",
+                "gets",
+                "removes",
+                "segments_expired",
+                "replicas_dropped",
             ),
             0,
         )
@@ -237,9 +245,15 @@ class ObjectTable:
         wanted = replicas or self.config.default_replicas
         chosen = choose_segments(self._segments.values(), extent, wanted)
         if not chosen:
+            leased = sum(
+                self._segments[sid].allocator.extent(off)
+                for _, sid, off in self._deferred
+                if sid in self._segments
+            )
+            held = f"; {leased} bytes are freed when their read leases end" if leased else ""
             raise NoSpaceError(
                 f"no store node has {extent} contiguous free bytes for {key!r} "
-                f"({len(self._segments)} nodes mounted)"
+                f"({len(self._segments)} nodes mounted{held})"
             )
         placements = []
         for seg in chosen:
@@ -249,8 +263,12 @@ class ObjectTable:
             placements.append((seg, Replica(seg.segment_id, offset)))
         deadline = now + self.config.put_timeout_s
         self._objects[key] = ObjectMeta(
-            key, size_bytes, ObjectState.PROCESSING, [r for _, r in placements],
-            created_s=now, put_deadline_s=deadline,
+            key,
+            size_bytes,
+            ObjectState.PROCESSING,
+            [r for _, r in placements],
+            created_s=now,
+            put_deadline_s=deadline,
         )
         self._pending[key] = deadline
         self.counters["puts_started"] += 1
@@ -384,9 +402,9 @@ class ObjectTable:
                 self.counters["puts_reclaimed"] += 1
         while self._deferred and self._deferred[0][0] <= now:
             _, segment_id, offset = heapq.heappop(self._deferred)
-            seg = self._segments.get(segment_id)
-            if seg is not None:
-                seg.allocator.free(offset)
+            owner = self._segments.get(segment_id)
+            if owner is not None:
+                owner.allocator.free(offset)
         if self._orphans and now - self._started_s > self.config.restore_grace_s:
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)

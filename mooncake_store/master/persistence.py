@@ -27,8 +27,9 @@ _VERSION = 1
 
 
 def encode_object(meta: ObjectMeta) -> bytes:
-    parts = [_HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s,
-                          len(meta.replicas))]
+    parts = [
+        _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s, len(meta.replicas))
+    ]
     parts.extend(_REPLICA.pack(r.segment_id, r.offset) for r in meta.replicas)
     return b"".join(parts)
 
@@ -40,8 +41,9 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     replicas = [
         Replica(*_REPLICA.unpack_from(blob, _HEADER.size + i * _REPLICA.size)) for i in range(count)
     ]
-    return ObjectMeta(key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum,
-                      created_s=created_s)
+    return ObjectMeta(
+        key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum, created_s=created_s
+    )
 
 
 class MetadataStore:
@@ -65,18 +67,17 @@ class MetadataStore:
     def load(self) -> Iterator[ObjectMeta]:
         """Yield every committed object (call before serving)."""
         for raw_key, blob in self._db.items(from_key=_PREFIX):
+            assert isinstance(raw_key, bytes) and isinstance(blob, bytes)  # raw mode
             if not raw_key.startswith(_PREFIX):
                 break
-            key = raw_key[len(_PREFIX):].decode("utf-8", "surrogatepass")
+            key = raw_key[len(_PREFIX) :].decode("utf-8", "surrogatepass")
             yield decode_object(key, blob)
 
     def start(self) -> None:
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
-    async def write(
-        self, puts: Sequence[ObjectMeta] = (), deletes: Sequence[str] = ()
-    ) -> None:
+    async def write(self, puts: Sequence[ObjectMeta] = (), deletes: Sequence[str] = ()) -> None:
         """Persist the mutations durably (fsync'd) before returning."""
         if not puts and not deletes:
             return
@@ -123,7 +124,7 @@ class MetadataStore:
                     count += 1
             try:
                 await loop.run_in_executor(self._executor, self._db.write, batch, self._sync)
-            except Exception as exc:  # noqa: BLE001 - every waiter must hear about it
+            except Exception as exc:
                 for _, future in group:
                     if not future.done():
                         future.set_exception(exc)

@@ -36,9 +36,12 @@ class MasterServer:
         self.config = config
         self.table = ObjectTable(
             TableConfig(
-                lease_ttl_s=config.lease_ttl_s, put_timeout_s=config.put_timeout_s,
-                heartbeat_ttl_s=config.heartbeat_ttl_s, restore_grace_s=config.restore_grace_s,
-                default_replicas=config.default_replicas, alignment=config.alignment_bytes,
+                lease_ttl_s=config.lease_ttl_s,
+                put_timeout_s=config.put_timeout_s,
+                heartbeat_ttl_s=config.heartbeat_ttl_s,
+                restore_grace_s=config.restore_grace_s,
+                default_replicas=config.default_replicas,
+                alignment=config.alignment_bytes,
             ),
             clock=time.time,
         )
@@ -101,14 +104,18 @@ class MasterServer:
             await asyncio.sleep(self.config.tick_interval_s)
             result = self.table.tick()
             for info in result.dead_segments:
-                log.warning("node %s missed heartbeats for %.1fs: segment %x dropped",
-                            info.node_id, self.config.heartbeat_ttl_s, info.segment_id)
+                log.warning(
+                    "node %s missed heartbeats for %.1fs: segment %x dropped",
+                    info.node_id,
+                    self.config.heartbeat_ttl_s,
+                    info.segment_id,
+                )
             if result.reclaimed_puts:
                 log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
             if result.deleted_keys:
                 try:
                     await self._store.write(deletes=result.deleted_keys)
-                except Exception:  # noqa: BLE001 - keep ticking; the records are re-dropped later
+                except Exception:
                     log.exception("persisting %d dropped objects failed", len(result.deleted_keys))
 
 
@@ -116,8 +123,9 @@ async def serve(config: MasterConfig) -> None:
     """Run a master until SIGTERM/SIGINT, then shut down gracefully."""
     server = MasterServer(config)
     port = await server.start()
-    print(f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})",
-          flush=True)
+    print(
+        f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})", flush=True
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -35,13 +35,18 @@ def _status(exc: MooncakeError) -> pb.Status:
     return pb.Status(code=exc.code, message=exc.message)
 
 
-def _location(seg: Segment, replica: Replica, size_bytes: int, expires_s: float,
-              mode: GrantMode) -> pb.ReplicaLocation:
+def _location(
+    seg: Segment, replica: Replica, size_bytes: int, expires_s: float, mode: GrantMode
+) -> pb.ReplicaLocation:
     info = seg.info
     grant = Grant(info.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
     return pb.ReplicaLocation(
-        node_id=info.node_id, segment_id=info.segment_id, endpoint=info.endpoint,
-        shm_socket=info.shm_socket, offset=replica.offset, size_bytes=size_bytes,
+        node_id=info.node_id,
+        segment_id=info.segment_id,
+        endpoint=info.endpoint,
+        shm_socket=info.shm_socket,
+        offset=replica.offset,
+        size_bytes=size_bytes,
         grant=sign_grant(info.secret, grant),
     )
 
@@ -72,8 +77,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
         return self._put_start(request)
 
-    async def BatchPutStart(self, request: pb.BatchPutStartRequest,
-                            context: object) -> pb.BatchPutStartResponse:
+    async def BatchPutStart(
+        self, request: pb.BatchPutStartRequest, context: object
+    ) -> pb.BatchPutStartResponse:
         return pb.BatchPutStartResponse(results=[self._put_start(i) for i in request.items])
 
     async def _put_end(self, items: list[pb.PutEndItem]) -> list[pb.PutEndResult]:
@@ -88,18 +94,21 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         if sealed:
             try:
                 await self.store.write(puts=sealed)
-            except Exception as exc:  # noqa: BLE001 - a failed fsync must revoke, not crash
+            except Exception as exc:
                 log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
                 for meta in sealed:
                     self.table.put_revoke(meta.key)
-                failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+                failure = pb.Status(
+                    code=MooncakeError.code, message=f"metadata write failed: {exc}"
+                )
                 return [r or pb.PutEndResult(status=failure) for r in results]
         out: list[pb.PutEndResult] = []
-        for item, result in zip(items, results):
+        for item, result in zip(items, results, strict=True):
             if result is None:
                 try:
-                    result = pb.PutEndResult(status=_OK,
-                                             replicas=self.table.commit_put_end(item.key))
+                    result = pb.PutEndResult(
+                        status=_OK, replicas=self.table.commit_put_end(item.key)
+                    )
                 except MooncakeError as exc:
                     result = pb.PutEndResult(status=_status(exc))
             out.append(result)
@@ -108,8 +117,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutEnd(self, request: pb.PutEndItem, context: object) -> pb.PutEndResult:
         return (await self._put_end([request]))[0]
 
-    async def BatchPutEnd(self, request: pb.BatchPutEndRequest,
-                          context: object) -> pb.BatchPutEndResponse:
+    async def BatchPutEnd(
+        self, request: pb.BatchPutEndRequest, context: object
+    ) -> pb.BatchPutEndResponse:
         return pb.BatchPutEndResponse(results=await self._put_end(list(request.items)))
 
     def _revoke(self, key: str) -> pb.Status:
@@ -122,8 +132,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutRevoke(self, request: pb.KeyRequest, context: object) -> pb.Status:
         return self._revoke(request.key)
 
-    async def BatchPutRevoke(self, request: pb.KeysRequest,
-                             context: object) -> pb.StatusesResponse:
+    async def BatchPutRevoke(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
         return pb.StatusesResponse(statuses=[self._revoke(k) for k in request.keys])
 
     # ---- reads ----------------------------------------------------------------------------
@@ -134,7 +143,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         except MooncakeError as exc:
             return pb.ReplicaListResult(status=_status(exc))
         return pb.ReplicaListResult(
-            status=_OK, size_bytes=meta.size_bytes, checksum=meta.checksum,
+            status=_OK,
+            size_bytes=meta.size_bytes,
+            checksum=meta.checksum,
             lease_ttl_s=self.config.lease_ttl_s,
             replicas=[
                 _location(seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ)
@@ -142,19 +153,18 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             ],
         )
 
-    async def GetReplicaList(self, request: pb.KeyRequest,
-                             context: object) -> pb.ReplicaListResult:
+    async def GetReplicaList(self, request: pb.KeyRequest, context: object) -> pb.ReplicaListResult:
         return self._replica_list(request.key)
 
-    async def BatchGetReplicaList(self, request: pb.KeysRequest,
-                                  context: object) -> pb.BatchGetReplicaListResponse:
+    async def BatchGetReplicaList(
+        self, request: pb.KeysRequest, context: object
+    ) -> pb.BatchGetReplicaListResponse:
         return pb.BatchGetReplicaListResponse(results=[self._replica_list(k) for k in request.keys])
 
     async def Exists(self, request: pb.KeyRequest, context: object) -> pb.ExistsResult:
         return pb.ExistsResult(exists=self.table.exists(request.key))
 
-    async def BatchExists(self, request: pb.KeysRequest,
-                          context: object) -> pb.BatchExistsResponse:
+    async def BatchExists(self, request: pb.KeysRequest, context: object) -> pb.BatchExistsResponse:
         return pb.BatchExistsResponse(exists=[self.table.exists(k) for k in request.keys])
 
     async def _remove(self, keys: list[str]) -> list[pb.Status]:
@@ -178,48 +188,70 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- nodes ----------------------------------------------------------------------------
 
-    async def MountSegment(self, request: pb.MountSegmentRequest,
-                           context: object) -> pb.MountSegmentResponse:
+    async def MountSegment(
+        self, request: pb.MountSegmentRequest, context: object
+    ) -> pb.MountSegmentResponse:
         info = SegmentInfo(
-            node_id=request.node_id, segment_id=request.segment_id, endpoint=request.endpoint,
-            shm_socket=request.shm_socket, size_bytes=request.size_bytes,
-            secret=bytes(request.secret), tier=request.tier or "DRAM",
+            node_id=request.node_id,
+            segment_id=request.segment_id,
+            endpoint=request.endpoint,
+            shm_socket=request.shm_socket,
+            size_bytes=request.size_bytes,
+            secret=bytes(request.secret),
+            tier=request.tier or "DRAM",
         )
         known = self.table.segment(info.segment_id) is not None
         self.table.mount(info)
         if not known:
-            log.info("mounted segment %x of node %s (%d bytes) at %s", info.segment_id,
-                     info.node_id, info.size_bytes, info.endpoint)
-        return pb.MountSegmentResponse(status=_OK,
-                                       heartbeat_interval_s=self.config.heartbeat_interval_s)
+            log.info(
+                "mounted segment %x of node %s (%d bytes) at %s",
+                info.segment_id,
+                info.node_id,
+                info.size_bytes,
+                info.endpoint,
+            )
+        return pb.MountSegmentResponse(
+            status=_OK, heartbeat_interval_s=self.config.heartbeat_interval_s
+        )
 
-    async def Heartbeat(self, request: pb.HeartbeatRequest,
-                        context: object) -> pb.HeartbeatResponse:
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: object
+    ) -> pb.HeartbeatResponse:
         if self.table.heartbeat(request.node_id, request.segment_id):
             return pb.HeartbeatResponse(status=_OK)
         exc = SegmentNotFoundError(f"segment {request.segment_id:x} is not mounted; mount again")
         return pb.HeartbeatResponse(status=_status(exc))
 
-    async def UnmountSegment(self, request: pb.UnmountSegmentRequest,
-                             context: object) -> pb.Status:
+    async def UnmountSegment(self, request: pb.UnmountSegmentRequest, context: object) -> pb.Status:
         deleted = self.table.unmount(request.node_id, request.segment_id)
-        log.info("unmounted segment %x of node %s (%d objects lost)", request.segment_id,
-                 request.node_id, len(deleted))
+        log.info(
+            "unmounted segment %x of node %s (%d objects lost)",
+            request.segment_id,
+            request.node_id,
+            len(deleted),
+        )
         await self.store.write(deletes=deleted)
         return _OK
 
-    async def ListNodes(self, request: pb.ListNodesRequest,
-                        context: object) -> pb.ListNodesResponse:
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: object
+    ) -> pb.ListNodesResponse:
         now = time.time()
-        return pb.ListNodesResponse(nodes=[
-            pb.NodeInfo(
-                node_id=s.node_id, segment_id=s.segment_id, endpoint=s.info.endpoint,
-                tier=s.info.tier, size_bytes=s.allocator.capacity_bytes,
-                used_bytes=s.allocator.used_bytes, objects=len(s.keys),
-                last_heartbeat_age_s=max(0.0, now - s.last_heartbeat_s),
-            )
-            for s in self.table.segments()
-        ])
+        return pb.ListNodesResponse(
+            nodes=[
+                pb.NodeInfo(
+                    node_id=s.node_id,
+                    segment_id=s.segment_id,
+                    endpoint=s.info.endpoint,
+                    tier=s.info.tier,
+                    size_bytes=s.allocator.capacity_bytes,
+                    used_bytes=s.allocator.used_bytes,
+                    objects=len(s.keys),
+                    last_heartbeat_age_s=max(0.0, now - s.last_heartbeat_s),
+                )
+                for s in self.table.segments()
+            ]
+        )
 
     async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:
         segments = self.table.segments()
@@ -227,8 +259,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
         return pb.StatsResponse(
-            objects=self.table.object_count(), processing=self.table.pending_count(),
-            bytes_stored=self.table.bytes_stored(), nodes=len({s.node_id for s in segments}),
+            objects=self.table.object_count(),
+            processing=self.table.pending_count(),
+            bytes_stored=self.table.bytes_stored(),
+            nodes=len({s.node_id for s in segments}),
             capacity_bytes=sum(s.allocator.capacity_bytes for s in segments),
             used_bytes=sum(s.allocator.used_bytes for s in segments),
             max_object_bytes=max((s.allocator.capacity_bytes for s in segments), default=0),

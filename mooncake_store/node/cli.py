@@ -21,16 +21,23 @@ from mooncake_store.node.server import serve
 @click.option("--health-port", type=int, default=None, help="gRPC health port [0].")
 @click.option("--dram", "dram_bytes", default=None, help="DRAM pool size, e.g. 1GiB [1GiB].")
 @click.option("--node-id", default=None, help="Stable node name [hostname:port].")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="TOML file of settings (overridden by MOONCAKE_NODE_* env and flags).")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML file of settings (overridden by MOONCAKE_NODE_* env and flags).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run a mooncake-store node: a shared-memory DRAM pool served to clients."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
-        config = load_config(NodeConfig, env_prefix="MOONCAKE_NODE_",
-                             config_file=config_file, overrides=flags)
+        config = load_config(
+            NodeConfig, env_prefix="MOONCAKE_NODE_", config_file=config_file, overrides=flags
+        )
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     try:

@@ -22,7 +22,9 @@ class NodeConfig:
         for name in ("port", "health_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
-                raise InvalidArgumentError(f"{name} must be 0-65535 (0 picks a free one), got {value}")
+                raise InvalidArgumentError(
+                    f"{name} must be 0-65535 (0 picks a free one), got {value}"
+                )
         if self.dram_bytes < 1024 * 1024:
             raise InvalidArgumentError(
                 f"dram_bytes must be at least 1MiB, got {self.dram_bytes}: pass e.g. --dram 1GiB"

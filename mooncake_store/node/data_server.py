@@ -73,7 +73,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._target[self._filled:]
+        return self._target[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes

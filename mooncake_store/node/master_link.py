@@ -36,8 +36,9 @@ class MasterLink:
     def mount(self, timeout_s: float) -> bool:
         """Mount the segment; False (and a log line) when the master is unreachable."""
         try:
-            reply = self._stub.MountSegment(self._mount_request, timeout=timeout_s,
-                                            wait_for_ready=True)
+            reply = self._stub.MountSegment(
+                self._mount_request, timeout=timeout_s, wait_for_ready=True
+            )
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s", self.master, exc.code().name)
             self.mounted.clear()
@@ -58,8 +59,9 @@ class MasterLink:
             if not self.mounted.is_set():
                 self.mount(timeout_s=max(self.interval_s, 1.0))
                 continue
-            request = pb.HeartbeatRequest(node_id=self._mount_request.node_id,
-                                          segment_id=self._mount_request.segment_id)
+            request = pb.HeartbeatRequest(
+                node_id=self._mount_request.node_id, segment_id=self._mount_request.segment_id
+            )
             try:
                 reply = self._stub.Heartbeat(request, timeout=max(self.interval_s, 1.0))
             except grpc.RpcError as exc:
@@ -76,8 +78,9 @@ class MasterLink:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if unmount and self.mounted.is_set():
-            request = pb.UnmountSegmentRequest(node_id=self._mount_request.node_id,
-                                               segment_id=self._mount_request.segment_id)
+            request = pb.UnmountSegmentRequest(
+                node_id=self._mount_request.node_id, segment_id=self._mount_request.segment_id
+            )
             try:
                 self._stub.UnmountSegment(request, timeout=2)
             except grpc.RpcError as exc:

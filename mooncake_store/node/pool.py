@@ -19,8 +19,12 @@ class SharedPool:
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size_bytes)
-            self._map = mmap.mmap(self.fd, size_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = mmap.mmap(
+                self.fd,
+                size_bytes,
+                flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
         except OSError:
             os.close(self.fd)
             raise
@@ -30,10 +34,10 @@ class SharedPool:
         """Unmap and close (idempotent).  Pages live on while clients still map them."""
         if self.fd < 0:
             return
-        self.view.release()
         try:
+            self.view.release()
             self._map.close()
-        except BufferError:  # a transport still holds a slice; the mapping dies with the process
+        except BufferError:  # a connection still holds a slice; the mapping dies with the process
             pass
         os.close(self.fd)
         self.fd = -1

@@ -64,8 +64,13 @@ class StoreNode:
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
 
         mount = pb.MountSegmentRequest(
-            node_id=self.node_id, segment_id=self.segment_id, endpoint=f"{cfg.host}:{self.port}",
-            shm_socket=shm_name, size_bytes=cfg.dram_bytes, secret=self.secret, tier="DRAM",
+            node_id=self.node_id,
+            segment_id=self.segment_id,
+            endpoint=f"{cfg.host}:{self.port}",
+            shm_socket=shm_name,
+            size_bytes=cfg.dram_bytes,
+            secret=self.secret,
+            tier="DRAM",
         )
         self._link = MasterLink(cfg.master, mount)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
@@ -80,8 +85,11 @@ class StoreNode:
         while self._link is not None and self._health is not None:
             now = self._link.mounted.is_set()
             if now != serving:
-                status = (health_pb2.HealthCheckResponse.SERVING if now
-                          else health_pb2.HealthCheckResponse.NOT_SERVING)
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING
+                    if now
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
                 await self._health.set("", status)
                 serving = now
             await asyncio.sleep(0.2)

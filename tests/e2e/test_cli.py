@@ -26,10 +26,12 @@ def script(name: str) -> str:
     return str(path)
 
 
-def start(args: list[str], pattern: str, log: Path,
-          cwd: Path | None = None) -> tuple[subprocess.Popen, re.Match]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True,
-                            cwd=cwd)
+def start(
+    args: list[str], pattern: str, log: Path, cwd: Path | None = None
+) -> tuple[subprocess.Popen, re.Match]:
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True, cwd=cwd
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     match = re.search(pattern, line)
@@ -49,7 +51,8 @@ def health(address: str, service: str = "") -> str:
 def test_daemons_start_serve_and_stop_on_sigterm(tmp_path):
     master, m = start(
         [script("mooncake-master"), "--port", "0", "--data-dir", str(tmp_path / "data")],
-        r"listening on 127\.0\.0\.1:(\d+)", tmp_path / "master.log",
+        r"listening on 127\.0\.0\.1:(\d+)",
+        tmp_path / "master.log",
     )
     address = f"127.0.0.1:{m.group(1)}"
     node = None
@@ -59,14 +62,20 @@ def test_daemons_start_serve_and_stop_on_sigterm(tmp_path):
         env = {**os.environ, "MOONCAKE_NODE_DRAM_BYTES": "8MiB"}  # env config is honoured
         node = subprocess.Popen(
             [script("mooncake-store"), "--master", address, "--node-id", "cli-node"],
-            stdout=subprocess.PIPE, stderr=open(tmp_path / "node.log", "wb"), text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=open(tmp_path / "node.log", "wb"),
+            text=True,
+            env=env,
         )
         line = node.stdout.readline()
-        n = re.search(r"node cli-node serving 8\.0 MiB DRAM: data \S+, health 127\.0\.0\.1:(\d+)",
-                      line)
+        n = re.search(
+            r"node cli-node serving 8\.0 MiB DRAM: data \S+, health 127\.0\.0\.1:(\d+)", line
+        )
         assert n, line
-        wait_until(lambda: health(f"127.0.0.1:{n.group(1)}") == "SERVING",
-                   what="the node to report SERVING once mounted")
+        wait_until(
+            lambda: health(f"127.0.0.1:{n.group(1)}") == "SERVING",
+            what="the node to report SERVING once mounted",
+        )
         with Client(address) as store:
             store.put("cli", b"works")
             assert store.get("cli") == b"works"
@@ -84,23 +93,30 @@ def test_daemons_start_serve_and_stop_on_sigterm(tmp_path):
 
 
 def test_master_uses_a_local_data_dir_by_default(tmp_path):
-    master, _ = start([script("mooncake-master"), "--port", "0"],
-                      r"listening on .* \(data in mooncake-data/master\)", tmp_path / "m.log",
-                      cwd=tmp_path)
+    master, _ = start(
+        [script("mooncake-master"), "--port", "0"],
+        r"listening on .* \(data in mooncake-data/master\)",
+        tmp_path / "m.log",
+        cwd=tmp_path,
+    )
     master.send_signal(signal.SIGTERM)
     assert master.wait(15) == 0
     assert (tmp_path / "mooncake-data" / "master" / "rocksdb").is_dir()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["mooncake-store", "--dram", "12XB"], "like 512MiB"),
-    (["mooncake-store", "--dram", "10"], "at least 1MiB"),
-    (["mooncake-master", "--heartbeat-ttl", "1s", "--heartbeat-interval", "2s"], "must exceed"),
-    (["mooncake-master", "--port", "70000"], "0-65535"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["mooncake-store", "--dram", "12XB"], "like 512MiB"),
+        (["mooncake-store", "--dram", "10"], "at least 1MiB"),
+        (["mooncake-master", "--heartbeat-ttl", "1s", "--heartbeat-interval", "2s"], "must exceed"),
+        (["mooncake-master", "--port", "70000"], "0-65535"),
+    ],
+)
 def test_bad_flags_exit_2_with_a_message(args, message, tmp_path):
-    result = subprocess.run([script(args[0]), *args[1:]], capture_output=True, text=True,
-                            timeout=30, cwd=tmp_path)
+    result = subprocess.run(
+        [script(args[0]), *args[1:]], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert message in result.stderr
 
@@ -114,8 +130,17 @@ def test_help_lists_main_flags():
 
 def test_cluster_demo_runs_and_exits(tmp_path):
     result = subprocess.run(
-        [script("mooncake-cluster"), "--data-dir", str(tmp_path / "c"), "--dram", "64MiB",
-         "--exit"], capture_output=True, text=True, timeout=120,
+        [
+            script("mooncake-cluster"),
+            "--data-dir",
+            str(tmp_path / "c"),
+            "--dram",
+            "64MiB",
+            "--exit",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "prefix hits: 12/34 blocks" in result.stdout

@@ -24,8 +24,9 @@ from tests.conftest import FAST_MASTER
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """One 16 MiB node, so 'full' is quick to reach."""
-    with LocalCluster(tmp_path_factory.mktemp("small"), nodes=1, dram="16MiB",
-                      master_args=FAST_MASTER) as c:
+    with LocalCluster(
+        tmp_path_factory.mktemp("small"), nodes=1, dram="16MiB", master_args=FAST_MASTER
+    ) as c:
         yield c
 
 
@@ -35,12 +36,15 @@ def store(small):
         yield client
 
 
-@pytest.mark.parametrize("key,match", [
-    ("", "must not be empty"),
-    ("k" * 1025, "limit is 1024"),
-    (b"bytes-key", "must be a str"),
-    (17, "must be a str"),
-])
+@pytest.mark.parametrize(
+    "key,match",
+    [
+        ("", "must not be empty"),
+        ("k" * 1025, "limit is 1024"),
+        (b"bytes-key", "must be a str"),
+        (17, "must be a str"),
+    ],
+)
 def test_bad_keys(store, key, match):
     with pytest.raises(InvalidKeyError, match=match):
         store.put(key, b"v")
@@ -50,12 +54,15 @@ def test_bad_keys(store, key, match):
         store.exists(key)
 
 
-@pytest.mark.parametrize("value,match", [
-    ("text", r"bytes-like object .*encode str"),
-    (12, "bytes-like object"),
-    (b"", "is empty"),
-    (np.zeros((4, 4))[:, 1], "C-contiguous"),
-])
+@pytest.mark.parametrize(
+    "value,match",
+    [
+        ("text", r"bytes-like object .*encode str"),
+        (12, "bytes-like object"),
+        (b"", "is empty"),
+        (np.zeros((4, 4))[:, 1], "C-contiguous"),
+    ],
+)
 def test_bad_values(store, value, match):
     with pytest.raises(InvalidValueError, match=match):
         store.put("bad-value", value)

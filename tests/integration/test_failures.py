@@ -36,6 +36,7 @@ def replica_list(master: str, key: str):
             return (await client.get_replica_list([key]))[0]
         finally:
             await client.close()
+
     return asyncio.run(call())
 
 
@@ -46,11 +47,13 @@ def put_start(master: str, key: str, size: int):
             return (await client.put_start([(key, size, 1)]))[0]
         finally:
             await client.close()
+
     return asyncio.run(call())
 
 
-def raw_request(loc: ReplicaLocation, op: Op, grant: bytes, offset: int, size: int,
-                payload: bytes = b"") -> tuple[int, bytes]:
+def raw_request(
+    loc: ReplicaLocation, op: Op, grant: bytes, offset: int, size: int, payload: bytes = b""
+) -> tuple[int, bytes]:
     host, _, port = loc.endpoint.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(pack_request(op, grant, offset, size) + payload)
@@ -72,8 +75,9 @@ def corrupt(loc: ReplicaLocation) -> None:
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    with LocalCluster(root, nodes=3, dram="64MiB",
-                      master_args=[*FAST_MASTER, "--put-timeout", "1s"]) as c:
+    with LocalCluster(
+        root, nodes=3, dram="64MiB", master_args=[*FAST_MASTER, "--put-timeout", "1s"]
+    ) as c:
         yield c
 
 
@@ -129,8 +133,15 @@ def test_tcp_client_maps_node_errors_to_access_denied(cluster3):
     with Client(cluster3.master_address) as store:
         store.put("denied", b"x" * 100)
     loc = replica_list(cluster3.master_address, "denied").replicas[0]
-    bad = ReplicaLocation(loc.node_id, loc.segment_id, loc.endpoint, "", loc.offset,
-                          loc.size_bytes, b"\0" * len(loc.grant))
+    bad = ReplicaLocation(
+        loc.node_id,
+        loc.segment_id,
+        loc.endpoint,
+        "",
+        loc.offset,
+        loc.size_bytes,
+        b"\0" * len(loc.grant),
+    )
 
     async def read() -> None:
         pool = TcpPool(timeout_s=5)
@@ -173,7 +184,7 @@ def test_node_killed_mid_put_leaves_nothing_visible(tmp_path):
             def put() -> None:
                 try:
                     store.put("half-written", os.urandom(32 << 20))
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     errors.append(exc)
 
             writer = threading.Thread(target=put)
@@ -206,3 +217,28 @@ def test_reads_fall_over_to_a_live_replica(tmp_path):
             cluster.wait_for_nodes(1)
             # ...and afterwards the master lists only the live one.
             assert store.get_many(list(values)) == list(values.values())
+
+
+def test_restarted_node_is_remounted_and_its_dead_pool_unmapped(tmp_path):
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        with Client(cluster.master_address) as store:
+            store.put("before", b"old pool")
+            assert store.get("before") == b"old pool"
+            old_segment = store.list_nodes()[0].segment_id
+            assert store._async._shm.mapped_segments() == [old_segment]
+            cluster.nodes[0].signal(signal.SIGKILL)
+            cluster.nodes[0].proc.wait()
+            cluster.restart_node(0)
+
+            def remounted() -> bool:
+                segments = [n.segment_id for n in store.list_nodes()]
+                return len(segments) == 1 and segments[0] != old_segment
+
+            # Same node id, new pool: the master replaces the old segment at once.
+            wait_until(remounted, what="the restarted node to mount")
+            with pytest.raises(ObjectNotFoundError):
+                store.get("before")  # DRAM contents died with the process
+            store.put("after", b"new pool")
+            assert store.get("after") == b"new pool"
+            new_segment = store.list_nodes()[0].segment_id
+            assert store._async._shm.mapped_segments() == [new_segment]

@@ -69,11 +69,11 @@ def test_batch_forms(store):
     assert [r.key for r in results] == list(items)
     keys = list(items)
     assert store.get_many(keys) == list(items.values())
-    assert store.exists_many(keys + ["nope"]) == [True] * 20 + [False]
+    assert store.exists_many([*keys, "nope"]) == [True] * 20 + [False]
     buffers = [bytearray(len(v)) for v in items.values()]
     assert store.get_many_into(keys, buffers) == [len(v) for v in items.values()]
     assert [bytes(b) for b in buffers] == list(items.values())
-    assert store.remove_many(keys[:10] + ["nope"]) == [True] * 10 + [False]
+    assert store.remove_many([*keys[:10], "nope"]) == [True] * 10 + [False]
     assert store.exists_many(keys) == [False] * 10 + [True] * 10
     again = store.put_many(items)  # existing keys deduplicate, removed ones are rewritten
     assert [r.deduplicated for r in again] == [False] * 10 + [True] * 10
@@ -84,6 +84,15 @@ def test_put_of_existing_key_is_a_deduplicated_success(store):
     assert not store.put(key, b"first").deduplicated
     assert store.put(key, b"first").deduplicated
     assert store.get(key) == b"first"
+    repeated = store.put_many(
+        [(f"{key}/r", b"same"), (f"{key}/s", b"other"), (f"{key}/r", b"same")]
+    )
+    assert [(r.key, r.replicas, r.deduplicated) for r in repeated] == [
+        (f"{key}/r", 1, False),
+        (f"{key}/s", 1, False),
+        (f"{key}/r", 0, True),
+    ]
+    assert store.get_many([f"{key}/r", f"{key}/r"]) == [b"same", b"same"]
 
 
 def test_replicas_land_on_distinct_nodes(store, cluster):
@@ -111,6 +120,7 @@ def test_concurrent_threads_share_one_client(cluster):
     from concurrent.futures import ThreadPoolExecutor
 
     with Client(cluster.master_address) as store:
+
         def work(i: int) -> bool:
             value = os.urandom(300_000 + i)
             store.put(f"threads/{i}", value)

@@ -1,5 +1,6 @@
 """ExtentAllocator: best fit, coalescing, fragmentation, reserve, invariants under random use."""
 
+import itertools
 import random
 
 import pytest
@@ -40,7 +41,7 @@ def test_fragmentation_blocks_a_large_allocation_until_neighbours_free():
 
 def test_best_fit_takes_the_smallest_hole():
     alloc = ExtentAllocator(16 * A, alignment=A)
-    a, b, c, d = (alloc.allocate(n * A) for n in (3, 1, 1, 1))
+    a, _b, c, _d = (alloc.allocate(n * A) for n in (3, 1, 1, 1))
     alloc.free(a)  # hole of 3 units at 0
     alloc.free(c)  # hole of 1 unit between b and d
     assert alloc.allocate(A) == c
@@ -93,4 +94,4 @@ def test_random_alloc_free_sequences_keep_invariants(seed):
             live[off] = size
         alloc.validate()
     spans = sorted((off, off + alloc.aligned(n)) for off, n in live.items())
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))

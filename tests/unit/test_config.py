@@ -9,17 +9,34 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.node.config import NodeConfig
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("512MiB", 512 * 2**20), ("1GiB", 2**30), ("1.5GB", 1_500_000_000), ("4096", 4096),
-    (" 16 KiB ", 16384), ("2m", 2_000_000), (7, 7),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("512MiB", 512 * 2**20),
+        ("1GiB", 2**30),
+        ("1.5GB", 1_500_000_000),
+        ("4096", 4096),
+        (" 16 KiB ", 16384),
+        ("2m", 2 * 2**20),
+        ("64K", 65536),
+        ("1G", 2**30),
+        (7, 7),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("30s", 30.0), ("250ms", 0.25), ("2min", 120.0), ("5", 5.0), (1.5, 1.5),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("30s", 30.0),
+        ("250ms", 0.25),
+        ("2min", 120.0),
+        ("5", 5.0),
+        (1.5, 1.5),
+    ],
+)
 def test_parse_duration(text, expected):
     assert parse_duration(text) == pytest.approx(expected)
 
@@ -39,8 +56,13 @@ def test_precedence(tmp_path):
     cfg = tmp_path / "m.toml"
     cfg.write_text('port = 6000\nlease-ttl-s = "2s"\ndata_dir = "/from/file"\n')
     env = {"MOONCAKE_MASTER_PORT": "7000", "MOONCAKE_MASTER_HEARTBEAT_TTL_S": "20s"}
-    config = load_config(MasterConfig, env_prefix="MOONCAKE_MASTER_", config_file=cfg,
-                         overrides={"port": 8000, "host": None}, environ=env)
+    config = load_config(
+        MasterConfig,
+        env_prefix="MOONCAKE_MASTER_",
+        config_file=cfg,
+        overrides={"port": 8000, "host": None},
+        environ=env,
+    )
     assert config.port == 8000  # flag beats env beats file
     assert config.lease_ttl_s == 2.0  # file beats default
     assert config.heartbeat_ttl_s == 20.0  # env
@@ -54,7 +76,9 @@ def test_unknown_setting_and_bad_values(tmp_path):
     with pytest.raises(InvalidArgumentError, match="unknown setting 'prot'"):
         load_config(MasterConfig, env_prefix="X_", config_file=cfg, environ={})
     with pytest.raises(InvalidArgumentError, match="MOONCAKE_NODE_DRAM_BYTES"):
-        load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", environ={"MOONCAKE_NODE_DRAM_BYTES": "lots"})
+        load_config(
+            NodeConfig, env_prefix="MOONCAKE_NODE_", environ={"MOONCAKE_NODE_DRAM_BYTES": "lots"}
+        )
     with pytest.raises(InvalidArgumentError, match="at least 1MiB"):
         NodeConfig(dram_bytes=10)
     with pytest.raises(InvalidArgumentError, match="must exceed heartbeat_interval_s"):

@@ -7,19 +7,38 @@ from mooncake_store.common import errors
 def test_public_surface_is_pinned_and_sorted():
     assert mooncake_store.__all__ == sorted(mooncake_store.__all__)
     assert mooncake_store.__all__ == [
-        "AccessDeniedError", "AsyncClient", "BufferTooSmallError", "ChecksumMismatchError",
-        "Client", "ClusterStats", "DataPathError", "InvalidArgumentError", "InvalidKeyError",
-        "InvalidValueError", "MasterUnavailableError", "MooncakeError", "NoSpaceError",
-        "NodeStatus", "ObjectBusyError", "ObjectNotFoundError", "PutResult",
-        "ReplicaUnavailableError", "Retry", "RpcError", "SegmentNotFoundError",
+        "AccessDeniedError",
+        "AsyncClient",
+        "BufferTooSmallError",
+        "ChecksumMismatchError",
+        "Client",
+        "ClusterStats",
+        "DataPathError",
+        "InvalidArgumentError",
+        "InvalidKeyError",
+        "InvalidValueError",
+        "MasterUnavailableError",
+        "MooncakeError",
+        "NoSpaceError",
+        "NodeStatus",
+        "ObjectBusyError",
+        "ObjectNotFoundError",
+        "PutResult",
+        "ReplicaUnavailableError",
+        "Retry",
+        "RpcError",
+        "SegmentNotFoundError",
     ]
     for name in mooncake_store.__all__:
         assert hasattr(mooncake_store, name)
 
 
 def test_codes_are_unique_and_round_trip():
-    classes = [c for c in vars(errors).values()
-               if isinstance(c, type) and issubclass(c, errors.MooncakeError)]
+    classes = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, errors.MooncakeError)
+    ]
     codes = [c.code for c in classes]
     assert len(codes) == len(set(codes))
     for cls in classes:

@@ -31,8 +31,9 @@ class Clock:
 
 
 def seg(node: str, segment_id: int, size: int = 16 * MiB) -> SegmentInfo:
-    return SegmentInfo(node, segment_id, f"127.0.0.1:{segment_id}", f"shm-{segment_id}", size,
-                       b"k" * 32)
+    return SegmentInfo(
+        node, segment_id, f"127.0.0.1:{segment_id}", f"shm-{segment_id}", size, b"k" * 32
+    )
 
 
 @pytest.fixture
@@ -42,8 +43,10 @@ def clock():
 
 @pytest.fixture
 def table(clock):
-    t = ObjectTable(TableConfig(lease_ttl_s=5, put_timeout_s=30, heartbeat_ttl_s=10,
-                                restore_grace_s=60), clock=clock)
+    t = ObjectTable(
+        TableConfig(lease_ttl_s=5, put_timeout_s=30, heartbeat_ttl_s=10, restore_grace_s=60),
+        clock=clock,
+    )
     for i in range(3):
         t.mount(seg(f"node-{i}", 100 + i))
     yield t
@@ -247,6 +250,10 @@ def test_no_space(clock):
     for i in range(4):
         commit(t, f"k{i}")
     with pytest.raises(NoSpaceError, match="contiguous free bytes"):
+        t.put_start("full", 1)
+    t.get_replicas("k1")
+    t.remove("k1")  # leased: its extent is freed only when the lease ends
+    with pytest.raises(NoSpaceError, match="1048576 bytes are freed when their read leases end"):
         t.put_start("full", 1)
     t.remove("k0")
     commit(t, "full")

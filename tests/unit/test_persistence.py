@@ -7,9 +7,14 @@ from mooncake_store.master.persistence import MetadataStore, decode_object, enco
 
 
 def meta(key: str, n: int = 2) -> ObjectMeta:
-    return ObjectMeta(key, 4096 * n, ObjectState.COMPLETE,
-                      [Replica(0xFFFF_FFFF_FFFF_FFF0 + i, i * 8192) for i in range(n)],
-                      checksum=2**64 - 1, created_s=12.5)
+    return ObjectMeta(
+        key,
+        4096 * n,
+        ObjectState.COMPLETE,
+        [Replica(0xFFFF_FFFF_FFFF_FFF0 + i, i * 8192) for i in range(n)],
+        checksum=2**64 - 1,
+        created_s=12.5,
+    )
 
 
 def test_encode_round_trip():

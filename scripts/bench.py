@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Put/get throughput and latency of mooncake-store, next to the machine's limits.
+
+Starts its own cluster (a master and one store node on 127.0.0.1), then for each block size
+measures, one client thread:
+  ours-shm   put_from / get_into through the node's shared memory (client on the same host)
+  ours-tcp   the same calls over the TCP data path (local_shm=False)
+  memcpy     numpy.copyto between two warm buffers in one process (upper bound, same host)
+  tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
+Each case writes --total-mib of distinct keys (capped at --max-seconds), reads them all back
+into one warm buffer, then removes them.  Prints a table and writes JSON records.
+
+    python scripts/bench.py [--sizes 64K,1M,4M,16M] [--total-mib 256] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mooncake_store import Client  # noqa: E402
+from mooncake_store.cluster import LocalCluster  # noqa: E402
+from mooncake_store.common.units import parse_size  # noqa: E402
+
+TCP_SERVER = r"""
+import socket, struct, sys
+buf = bytearray(int(sys.argv[1]))
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+view = memoryview(buf)
+while True:
+    head = conn.recv(9, socket.MSG_WAITALL)
+    if len(head) < 9:
+        break
+    op, n = struct.unpack("<BQ", head)
+    if op == 1:            # put: read n bytes into the buffer, ack
+        got = 0
+        while got < n:
+            got += conn.recv_into(view[got:n])
+        conn.sendall(b"k")
+    else:                  # get: send n bytes
+        conn.sendall(view[:n])
+"""
+
+
+def percentile(samples: list[float], q: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def record(
+    system: str, size: int, put_s: list[float], get_s: list[float], put_wall: float, get_wall: float
+) -> dict:
+    return {
+        "system": system,
+        "size_bytes": size,
+        "threads": 1,
+        "put_gbps": len(put_s) * size / put_wall / 1e9 if put_wall else 0.0,
+        "get_gbps": len(get_s) * size / get_wall / 1e9 if get_wall else 0.0,
+        "put_p50_us": percentile(put_s, 0.5) * 1e6,
+        "put_p99_us": percentile(put_s, 0.99) * 1e6,
+        "get_p50_us": percentile(get_s, 0.5) * 1e6,
+        "get_p99_us": percentile(get_s, 0.99) * 1e6,
+        "ops": len(put_s),
+    }
+
+
+def timed(count: int, max_s: float, op) -> tuple[list[float], float]:
+    samples: list[float] = []
+    start = time.perf_counter()
+    for i in range(count):
+        t0 = time.perf_counter()
+        op(i)
+        samples.append(time.perf_counter() - t0)
+        if t0 - start > max_s:
+            break
+    return samples, time.perf_counter() - start
+
+
+def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: bool) -> dict:
+    system = "ours-shm" if local_shm else "ours-tcp"
+    src = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    with Client(master, local_shm=local_shm) as store:
+        keys = [f"bench/{system}/{size}/{i}" for i in range(count)]
+        store.put_from("warmup", src)  # maps the pool, opens connections
+        store.get_into("warmup", dst)
+        store.remove("warmup")
+        put_s, put_wall = timed(count, max_s, lambda i: store.put_from(keys[i], src))
+        written = keys[: len(put_s)]
+        get_s, get_wall = timed(len(written), max_s, lambda i: store.get_into(written[i], dst))
+        if not np.array_equal(src, dst):
+            raise SystemExit(f"{system} {size}: bytes read back differ from bytes written")
+        for start in range(0, len(written), 256):
+            store.remove_many(written[start : start + 256])
+        deadline = time.monotonic() + 30
+        while store.stats().used_bytes and time.monotonic() < deadline:
+            time.sleep(0.1)  # removed blocks are freed when their read leases end
+        path_used = store.counters["shm_reads" if local_shm else "tcp_reads"]
+        assert path_used >= len(get_s), "the benchmark did not use the intended data path"
+    return record(system, size, put_s, get_s, put_wall, get_wall)
+
+
+def bench_memcpy(size: int, count: int, max_s: float) -> dict:
+    src = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(dst, src))
+    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(src, dst))
+    return record("memcpy", size, put_s, get_s, put_wall, get_wall)
+
+
+def bench_tcp(size: int, count: int, max_s: float) -> dict:
+    server = subprocess.Popen(
+        [sys.executable, "-c", TCP_SERVER, str(size)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(server.stdout.readline())
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        src = memoryview(bytearray(os.urandom(size)))
+        dst = memoryview(bytearray(size))
+
+        def put(_: int) -> None:
+            sock.sendall(struct.pack("<BQ", 1, size))
+            sock.sendall(src)
+            sock.recv(1)
+
+        def get(_: int) -> None:
+            sock.sendall(struct.pack("<BQ", 2, size))
+            got = 0
+            while got < size:
+                got += sock.recv_into(dst[got:])
+
+        put(0), get(0)
+        put_s, put_wall = timed(count, max_s, put)
+        get_s, get_wall = timed(count, max_s, get)
+        sock.close()
+    finally:
+        server.kill()
+        server.wait()
+    return record("tcp", size, put_s, get_s, put_wall, get_wall)
+
+
+def print_table(records: list[dict]) -> None:
+    header = (
+        f"{'system':<9} {'size':>6} {'ops':>5} {'put GB/s':>9} {'get GB/s':>9} "
+        f"{'put p50 us':>10} {'put p99 us':>10} {'get p50 us':>10} {'get p99 us':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in records:
+        size = r["size_bytes"]
+        label = f"{size >> 20}M" if size >= 1 << 20 else f"{size >> 10}K"
+        print(
+            f"{r['system']:<9} {label:>6} {r['ops']:>5} {r['put_gbps']:>9.2f} "
+            f"{r['get_gbps']:>9.2f} {r['put_p50_us']:>10.0f} {r['put_p99_us']:>10.0f} "
+            f"{r['get_p50_us']:>10.0f} {r['get_p99_us']:>10.0f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="64K,1M,4M,16M")
+    parser.add_argument("--systems", default="ours-shm,ours-tcp,memcpy,tcp")
+    parser.add_argument(
+        "--total-mib", type=int, default=256, help="bytes written per case (default 256 MiB)"
+    )
+    parser.add_argument("--max-ops", type=int, default=2000, help="cap on calls per case")
+    parser.add_argument("--max-seconds", type=float, default=10.0, help="cap per phase")
+    parser.add_argument("--json", default="bench-results/bench.json")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    systems = args.systems.split(",")
+    total = args.total_mib << 20
+    records = []
+    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+        dram = f"{max(total + (64 << 20), max(sizes) * 8) >> 20}MiB"
+        # A short read lease: each case waits for its removed blocks to be freed.
+        with LocalCluster(tmp, nodes=1, dram=dram, master_args=["--lease-ttl", "1s"]) as cluster:
+            for size in sizes:
+                count = max(1, min(args.max_ops, total // size))
+                for system in systems:
+                    if system == "ours-shm":
+                        records.append(
+                            bench_store(
+                                cluster.master_address,
+                                size,
+                                count,
+                                args.max_seconds,
+                                local_shm=True,
+                            )
+                        )
+                    elif system == "ours-tcp":
+                        records.append(
+                            bench_store(
+                                cluster.master_address,
+                                size,
+                                count,
+                                args.max_seconds,
+                                local_shm=False,
+                            )
+                        )
+                    elif system == "memcpy":
+                        records.append(bench_memcpy(size, count, args.max_seconds))
+                    elif system == "tcp":
+                        records.append(bench_tcp(size, count, args.max_seconds))
+                    else:
+                        raise SystemExit(f"unknown system {system!r}")
+    print_table(records)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "records": records}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
