@@ -229,10 +229,14 @@ class ObjectTable:
         now = self._clock()
         meta = self._objects.get(key)
         if meta is not None:
-            if meta.state is ObjectState.COMPLETE:
+            if meta.state is not ObjectState.COMPLETE:
+                raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
+            if any(r.segment_id in self._segments for r in meta.replicas):
                 self.counters["puts_deduplicated"] += 1
                 return PutStartOutcome(True, [], 0.0)
-            raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
+            # Restored after a master restart but none of its nodes is back: write it again
+            # rather than report a put that nobody could read.
+            self._delete(meta, 0.0)
         if not self._segments:
             raise NoSpaceError("no store node is mounted: start a mooncake-store node first")
         largest = max(s.allocator.capacity_bytes for s in self._segments.values())

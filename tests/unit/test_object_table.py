@@ -211,8 +211,9 @@ def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
         ObjectMeta("a", MiB, ObjectState.COMPLETE, [Replica(100, 0), Replica(101, 0)], checksum=1),
         ObjectMeta("b", 10, ObjectState.COMPLETE, [Replica(100, MiB)], checksum=2),
         ObjectMeta("c", 10, ObjectState.COMPLETE, [Replica(102, 0)], checksum=3),
+        ObjectMeta("d", 10, ObjectState.COMPLETE, [Replica(102, 4096)], checksum=4),
     ]
-    assert t.restore(metas) == 3
+    assert t.restore(metas) == 4
     with pytest.raises(ReplicaUnavailableError):
         t.get_replicas("a")
     assert not t.exists("a")
@@ -223,11 +224,17 @@ def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
     assert s100.allocator.used_bytes == MiB + 4096
     off = t.put_start("new", MiB).placements[0][1].offset
     assert off not in (0, MiB)  # restored extents are not handed out again
+    out = t.put_start("c", 10)  # restored but unreadable: written again, not deduplicated
+    assert not out.already_exists
+    t.put_end("c", 3)
+    t.commit_put_end("c")
+    t.validate()
     clock.now += 31
     beat(t)
     result = t.tick()
-    assert result.deleted_keys == ["c"]
+    assert result.deleted_keys == ["d"]  # its node never came back within the grace
     assert [r.segment_id for r in t.get("a").replicas] == [100]
+    assert t.exists("c") and t.get("c").replicas[0].segment_id == 100
     t.validate()
 
 
