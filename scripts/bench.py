@@ -197,25 +197,11 @@ def main() -> None:
             for size in sizes:
                 count = max(1, min(args.max_ops, total // size))
                 for system in systems:
-                    if system == "ours-shm":
+                    if system in ("ours-shm", "ours-tcp"):
+                        shm = system == "ours-shm"
+                        master = cluster.master_address
                         records.append(
-                            bench_store(
-                                cluster.master_address,
-                                size,
-                                count,
-                                args.max_seconds,
-                                local_shm=True,
-                            )
-                        )
-                    elif system == "ours-tcp":
-                        records.append(
-                            bench_store(
-                                cluster.master_address,
-                                size,
-                                count,
-                                args.max_seconds,
-                                local_shm=False,
-                            )
+                            bench_store(master, size, count, args.max_seconds, local_shm=shm)
                         )
                     elif system == "memcpy":
                         records.append(bench_memcpy(size, count, args.max_seconds))

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import sys
-
 import click
 
-from mooncake_store.common.config import load_config
-from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.daemon import run_daemon
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import serve
 
@@ -48,20 +43,15 @@ from mooncake_store.master.server import serve
 @click.option("--log-level", default="INFO", show_default=True)
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run the mooncake-store master (metadata and routing, persisted in RocksDB)."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    run_daemon(
+        "mooncake-master",
+        MasterConfig,
+        serve,
+        env_prefix="MOONCAKE_MASTER_",
+        config_file=config_file,
+        flags=flags,
+        log_level=log_level,
     )
-    try:
-        config = load_config(
-            MasterConfig, env_prefix="MOONCAKE_MASTER_", config_file=config_file, overrides=flags
-        )
-    except InvalidArgumentError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        asyncio.run(serve(config))
-    except OSError as exc:
-        click.echo(f"mooncake-master: {exc}", err=True)
-        sys.exit(1)
 
 
 if __name__ == "__main__":

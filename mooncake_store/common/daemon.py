@@ -1,0 +1,43 @@
+"""What both daemons' command lines share: logging set-up, config loading, running the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
+
+import click
+
+from mooncake_store.common.config import load_config
+from mooncake_store.common.errors import InvalidArgumentError
+
+C = TypeVar("C")
+
+
+def run_daemon(
+    name: str,
+    config_cls: type[C],
+    serve: Callable[[C], Coroutine[Any, Any, None]],
+    *,
+    env_prefix: str,
+    config_file: str | None,
+    flags: Mapping[str, object],
+    log_level: str,
+) -> None:
+    """Load the config (a bad value is a usage error, exit 2) and run `serve` until it ends."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(
+            config_cls, env_prefix=env_prefix, config_file=config_file, overrides=flags
+        )
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        click.echo(f"{name}: {exc}", err=True)
+        sys.exit(1)
