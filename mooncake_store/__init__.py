@@ -8,12 +8,13 @@ with Client("127.0.0.1:50051") as store:
 
 from mooncake_store.client.async_client import AsyncClient
 from mooncake_store.client.sync_client import Client
-from mooncake_store.client.types import ClusterStats, NodeStatus, PutResult, Retry
+from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult, Retry
 from mooncake_store.common.errors import (
     AccessDeniedError,
     BufferTooSmallError,
     ChecksumMismatchError,
     DataPathError,
+    IdentityMismatchError,
     InvalidArgumentError,
     InvalidKeyError,
     InvalidValueError,
@@ -37,6 +38,7 @@ __all__ = [
     "Client",
     "ClusterStats",
     "DataPathError",
+    "IdentityMismatchError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidValueError",
@@ -46,6 +48,7 @@ __all__ = [
     "NodeStatus",
     "ObjectBusyError",
     "ObjectNotFoundError",
+    "PrefixRead",
     "PutResult",
     "ReplicaUnavailableError",
     "Retry",

@@ -33,14 +33,20 @@ class ReplicaLocation(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("key", "size_bytes", "replicas")
+    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     key: str
     size_bytes: int
     replicas: int
-    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+    fingerprint: bytes
+    parent_key: str
+    tag: bytes
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("status", "already_exists", "replicas")
@@ -95,16 +101,20 @@ class BatchPutEndResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "fingerprint")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    fingerprint: bytes
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class KeyRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "fingerprint")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    fingerprint: bytes
+    def __init__(self, key: _Optional[str] = ..., fingerprint: _Optional[bytes] = ...) -> None: ...
 
 class StatusesResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -113,18 +123,22 @@ class StatusesResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
 
 class ReplicaListResult(_message.Message):
-    __slots__ = ("status", "size_bytes", "checksum", "replicas", "lease_ttl_s")
+    __slots__ = ("status", "size_bytes", "checksum", "replicas", "lease_ttl_s", "tag", "parent_key")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     status: Status
     size_bytes: int
     checksum: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaLocation]
     lease_ttl_s: float
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    tag: bytes
+    parent_key: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., tag: _Optional[bytes] = ..., parent_key: _Optional[str] = ...) -> None: ...
 
 class BatchGetReplicaListResponse(_message.Message):
     __slots__ = ("results",)
@@ -137,6 +151,12 @@ class ExistsResult(_message.Message):
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     exists: bool
     def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+
+class PrefixMatchResponse(_message.Message):
+    __slots__ = ("matched",)
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    def __init__(self, matched: _Optional[int] = ...) -> None: ...
 
 class BatchExistsResponse(_message.Message):
     __slots__ = ("exists",)

@@ -89,6 +89,16 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.KeyRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.Status.FromString,
                 _registered_method=True)
+        self.PrefixMatch = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/PrefixMatch',
+                request_serializer=mooncake__store__pb2.KeysRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.PrefixMatchResponse.FromString,
+                _registered_method=True)
+        self.GetPrefix = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/GetPrefix',
+                request_serializer=mooncake__store__pb2.KeysRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.BatchGetReplicaListResponse.FromString,
+                _registered_method=True)
         self.BatchRemove = channel.unary_unary(
                 '/mooncake_store.v1.MasterService/BatchRemove',
                 request_serializer=mooncake__store__pb2.KeysRequest.SerializeToString,
@@ -190,6 +200,21 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefixMatch(self, request, context):
+        """Length of the longest leading run of `keys` that is committed, readable and (when a
+        fingerprint is given) of the same identity.  A probe: grants no lease, counts no access.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPrefix(self, request, context):
+        """Replica lists (with read leases) of that leading run, in one call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BatchRemove(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -283,6 +308,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Remove,
                     request_deserializer=mooncake__store__pb2.KeyRequest.FromString,
                     response_serializer=mooncake__store__pb2.Status.SerializeToString,
+            ),
+            'PrefixMatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefixMatch,
+                    request_deserializer=mooncake__store__pb2.KeysRequest.FromString,
+                    response_serializer=mooncake__store__pb2.PrefixMatchResponse.SerializeToString,
+            ),
+            'GetPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPrefix,
+                    request_deserializer=mooncake__store__pb2.KeysRequest.FromString,
+                    response_serializer=mooncake__store__pb2.BatchGetReplicaListResponse.SerializeToString,
             ),
             'BatchRemove': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchRemove,
@@ -612,6 +647,60 @@ class MasterService:
             '/mooncake_store.v1.MasterService/Remove',
             mooncake__store__pb2.KeyRequest.SerializeToString,
             mooncake__store__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefixMatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/PrefixMatch',
+            mooncake__store__pb2.KeysRequest.SerializeToString,
+            mooncake__store__pb2.PrefixMatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/GetPrefix',
+            mooncake__store__pb2.KeysRequest.SerializeToString,
+            mooncake__store__pb2.BatchGetReplicaListResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,8 +22,10 @@ from mooncake_store.client.transport import ShmMapper, TcpPool
 from mooncake_store.client.types import (
     ClusterStats,
     NodeStatus,
+    PrefixRead,
     PutPlan,
     PutResult,
+    PutSpec,
     ReplicaList,
     ReplicaLocation,
     Retry,
@@ -77,6 +79,7 @@ def as_writable(buffer: object) -> memoryview:
 class _Pending:
     key: str
     value: memoryview
+    spec: PutSpec
     plan: PutPlan | None = None
     failed: list[int] | None = None
     error: MooncakeError | None = None
@@ -166,38 +169,74 @@ class AsyncClient:
 
     # ---- puts -------------------------------------------------------------------------------
 
-    async def put(self, key: str, value: object, *, replicas: int | None = None) -> PutResult:
+    async def put(
+        self,
+        key: str,
+        value: object,
+        *,
+        replicas: int | None = None,
+        fingerprint: bytes = b"",
+        parent: str | None = None,
+        tag: bytes = b"",
+    ) -> PutResult:
         """Store `value` (any bytes-like object) under `key`.
 
         A put of a key that already exists succeeds without writing (keys name content).
+        `fingerprint` records the writer's identity (a read presenting another one is refused),
+        `parent` the previous block of the key's prefix chain, `tag` up to 256 bytes of
+        metadata returned by prefix reads.
 
         Raises:
             InvalidKeyError / InvalidValueError: bad key or value.
             NoSpaceError: no node has room.  ObjectBusyError: a put of `key` is in progress.
+            IdentityMismatchError: `key` is stored under another fingerprint.
             DataPathError: no replica could be written (nothing is left visible).
         """
-        return (await self.put_many([(key, value)], replicas=replicas))[0]
+        parents = None if parent is None else [parent]
+        results = await self.put_many(
+            [(key, value)], replicas=replicas, fingerprint=fingerprint, parents=parents,
+            tags=[tag],
+        )  # fmt: skip
+        return results[0]
 
-    async def put_from(self, key: str, buffer: object, *, replicas: int | None = None) -> PutResult:
+    async def put_from(
+        self,
+        key: str,
+        buffer: object,
+        *,
+        replicas: int | None = None,
+        fingerprint: bytes = b"",
+        parent: str | None = None,
+        tag: bytes = b"",
+    ) -> PutResult:
         """Store the bytes of `buffer` (numpy array, memoryview, ...) without an extra copy."""
-        return await self.put(key, buffer, replicas=replicas)
+        return await self.put(
+            key, buffer, replicas=replicas, fingerprint=fingerprint, parent=parent, tag=tag
+        )
 
     async def put_many(
         self,
         items: Mapping[str, object] | Iterable[tuple[str, object]],
         *,
         replicas: int | None = None,
+        fingerprint: bytes = b"",
+        parents: Sequence[str | None] | None = None,
+        tags: Sequence[bytes] | None = None,
     ) -> list[PutResult]:
         """Store many objects with one BatchPutStart and one BatchPutEnd.
 
-        Every item is attempted; if any fails, the error of the first failure is raised after
-        the others are committed (retrying the batch is safe: stored keys deduplicate).
+        `parents` and `tags`, when given, hold one entry per item.  Every item is attempted; if
+        any fails, the error of the first failure is raised after the others are committed
+        (retrying the batch is safe: stored keys deduplicate).
         """
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        for name, extra in (("parents", parents), ("tags", tags)):
+            if extra is not None and len(extra) != len(pairs):
+                raise InvalidArgumentError(f"{len(pairs)} items but {len(extra)} {name}")
         wanted = self._replicas(replicas)
         pending: list[_Pending] = []
         seen: set[str] = set()
-        for key, value in pairs:
+        for i, (key, value) in enumerate(pairs):
             validate_key(key)
             if key in seen:  # a repeated key in one batch names the same content: write it once
                 continue
@@ -210,11 +249,16 @@ class AsyncClient:
                     f"value of {key!r} is {len(view)} bytes, over max_value_bytes "
                     f"({self.max_value_bytes}); split it into blocks"
                 )
-            pending.append(_Pending(key, view))
+            spec = PutSpec(
+                key, len(view), wanted, bytes(fingerprint),
+                (parents[i] or "") if parents is not None else "",
+                bytes(tags[i]) if tags is not None else b"",
+            )  # fmt: skip
+            pending.append(_Pending(key, view, spec))
         if not pending:
             return []
         master = self._master_client()
-        plans = await master.put_start([(p.key, len(p.value), wanted) for p in pending])
+        plans = await master.put_start([p.spec for p in pending])
         for p, plan in zip(pending, plans, strict=True):
             if isinstance(plan, MooncakeError):
                 p.error = plan
@@ -285,63 +329,79 @@ class AsyncClient:
 
     # ---- gets -------------------------------------------------------------------------------
 
-    async def get(self, key: str) -> bytes:
+    async def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
         """Return the bytes stored under `key`.
 
         Raises:
             ObjectNotFoundError (a KeyError): no such key.
+            IdentityMismatchError: `fingerprint` is given and the object has another.
             ReplicaUnavailableError / ChecksumMismatchError: no replica gave verified bytes.
         """
-        return (await self.get_many([key]))[0]
+        return (await self.get_many([key], fingerprint=fingerprint))[0]
 
-    async def get_many(self, keys: Sequence[str]) -> list[bytes]:
+    async def get_many(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> list[bytes]:
         """Return the values of `keys`, in order, with one BatchGetReplicaList.
 
         Raises:
             ObjectNotFoundError: naming every missing key (`.keys` lists them).
         """
-        infos = await self._replica_lists(keys)
+        keys = [validate_key(k) for k in keys]
+        infos = self._checked(keys, await self._master_client().get_replica_list(keys, fingerprint))
         buffers = [bytearray(info.size_bytes) for info in infos]
-        await asyncio.gather(
-            *(
-                self._read(key, info, memoryview(buf))
-                for key, info, buf in zip(keys, infos, buffers, strict=True)
-            )
-        )
+        await self._read_all(keys, infos, [memoryview(b) for b in buffers])
         return [bytes(buf) for buf in buffers]
 
-    async def get_into(self, key: str, buffer: object) -> int:
+    async def get_into(self, key: str, buffer: object, *, fingerprint: bytes = b"") -> int:
         """Copy the value of `key` into `buffer` (writable, C-contiguous); return its size.
 
         Raises:
             BufferTooSmallError: `buffer` is smaller than the object.
             ObjectNotFoundError, ReplicaUnavailableError, ChecksumMismatchError: as for get().
         """
-        return (await self.get_many_into([key], [buffer]))[0]
+        return (await self.get_many_into([key], [buffer], fingerprint=fingerprint))[0]
 
-    async def get_many_into(self, keys: Sequence[str], buffers: Sequence[object]) -> list[int]:
+    async def get_many_into(
+        self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
+    ) -> list[int]:
         """Copy many values into the matching buffers with one master call; return sizes."""
         if len(keys) != len(buffers):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
+        keys = [validate_key(k) for k in keys]
         views = [as_writable(b) for b in buffers]
-        infos = await self._replica_lists(keys)
-        for key, info, view in zip(keys, infos, views, strict=True):
-            if len(view) < info.size_bytes:
-                raise BufferTooSmallError(
-                    f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
-                    f"pass a buffer of at least {info.size_bytes} bytes"
-                )
-        await asyncio.gather(
-            *(
-                self._read(k, i, v[: i.size_bytes])
-                for k, i, v in zip(keys, infos, views, strict=True)
-            )
-        )
+        infos = self._checked(keys, await self._master_client().get_replica_list(keys, fingerprint))
+        await self._read_all(keys, infos, views)
         return [info.size_bytes for info in infos]
 
-    async def _replica_lists(self, keys: Sequence[str]) -> list[ReplicaList]:
+    async def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
+        """Length of the longest leading run of `keys` that is stored (one RPC).
+
+        A key stored under another fingerprint ends the run.  Like `exists`, this is a probe:
+        it does not count as a read.
+        """
         keys = [validate_key(k) for k in keys]
-        results = await self._master_client().get_replica_list(keys)
+        return await self._master_client().prefix_match(keys, fingerprint)
+
+    async def get_prefix_into(
+        self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
+    ) -> PrefixRead:
+        """Read the longest stored leading run of `keys` into the matching buffers.
+
+        One master call finds the run and leases it; the blocks are then copied in parallel.
+        Returns how many keys were read, with their sizes and tags.
+        """
+        if len(keys) != len(buffers):
+            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
+        keys = [validate_key(k) for k in keys]
+        views = [as_writable(b) for b in buffers]
+        results = await self._master_client().get_prefix(keys, fingerprint)
+        infos = self._checked(keys[: len(results)], results)
+        await self._read_all(keys, infos, views)
+        return PrefixRead(len(infos), [i.size_bytes for i in infos], [i.tag for i in infos])
+
+    def _checked(
+        self, keys: Sequence[str], results: Sequence[ReplicaList | MooncakeError]
+    ) -> list[ReplicaList]:
+        """The replica lists, or the error: ObjectNotFoundError naming every missing key."""
         missing = [
             k for k, r in zip(keys, results, strict=True) if isinstance(r, ObjectNotFoundError)
         ]
@@ -351,10 +411,29 @@ class AsyncClient:
             err = ObjectNotFoundError(f"no object under key {shown}{more}")
             err.keys = missing  # type: ignore[attr-defined]
             raise err
+        infos: list[ReplicaList] = []
         for r in results:
             if isinstance(r, MooncakeError):
                 raise r
-        return results  # type: ignore[return-value]
+            infos.append(r)
+        return infos
+
+    async def _read_all(
+        self, keys: Sequence[str], infos: Sequence[ReplicaList], views: Sequence[memoryview]
+    ) -> None:
+        """Copy each object into its view (zip stops at the shorter `infos` of a prefix)."""
+        for key, info, view in zip(keys, infos, views, strict=False):
+            if len(view) < info.size_bytes:
+                raise BufferTooSmallError(
+                    f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
+                    f"pass a buffer of at least {info.size_bytes} bytes"
+                )
+        await asyncio.gather(
+            *(
+                self._read(k, i, v[: i.size_bytes])
+                for k, i, v in zip(keys, infos, views, strict=False)
+            )
+        )
 
     async def _read(self, key: str, info: ReplicaList, dest: memoryview) -> None:
         ordered = await self._by_locality(info.replicas)

@@ -15,7 +15,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.client.types import PutPlan, ReplicaList, ReplicaLocation, Retry
+from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, ReplicaLocation, Retry
 from mooncake_store.common.errors import (
     OK,
     MasterUnavailableError,
@@ -39,6 +39,16 @@ def _location(loc: pb.ReplicaLocation) -> ReplicaLocation:
         loc.offset,
         loc.size_bytes,
         bytes(loc.grant),
+    )
+
+
+def _replica_list(result: pb.ReplicaListResult) -> ReplicaList | MooncakeError:
+    err = status_error(result.status)
+    if err is not None:
+        return err
+    replicas = [_location(r) for r in result.replicas]
+    return ReplicaList(
+        result.size_bytes, result.checksum, replicas, bytes(result.tag), result.parent_key
     )
 
 
@@ -87,11 +97,19 @@ class MasterClient:
                 await asyncio.sleep(delays[attempt])
         raise AssertionError("unreachable")
 
-    async def put_start(
-        self, items: Sequence[tuple[str, int, int]]
-    ) -> list[PutPlan | MooncakeError]:
+    async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
         request = pb.BatchPutStartRequest(
-            items=[pb.PutStartItem(key=k, size_bytes=n, replicas=r) for k, n, r in items]
+            items=[
+                pb.PutStartItem(
+                    key=i.key,
+                    size_bytes=i.size_bytes,
+                    replicas=i.replicas,
+                    fingerprint=i.fingerprint,
+                    parent_key=i.parent_key,
+                    tag=i.tag,
+                )
+                for i in items
+            ]
         )
         reply = await self._call(self._stub.BatchPutStart, request)
         out: list[PutPlan | MooncakeError] = []
@@ -115,18 +133,23 @@ class MasterClient:
         reply = await self._call(self._stub.BatchPutRevoke, pb.KeysRequest(keys=keys))
         return [status_error(s) for s in reply.statuses]
 
-    async def get_replica_list(self, keys: Sequence[str]) -> list[ReplicaList | MooncakeError]:
-        reply = await self._call(self._stub.BatchGetReplicaList, pb.KeysRequest(keys=keys))
-        out: list[ReplicaList | MooncakeError] = []
-        for result in reply.results:
-            err = status_error(result.status)
-            out.append(
-                err
-                or ReplicaList(
-                    result.size_bytes, result.checksum, [_location(r) for r in result.replicas]
-                )
-            )
-        return out
+    async def get_replica_list(
+        self, keys: Sequence[str], fingerprint: bytes = b""
+    ) -> list[ReplicaList | MooncakeError]:
+        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+        reply = await self._call(self._stub.BatchGetReplicaList, request)
+        return [_replica_list(r) for r in reply.results]
+
+    async def prefix_match(self, keys: Sequence[str], fingerprint: bytes = b"") -> int:
+        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+        return (await self._call(self._stub.PrefixMatch, request)).matched
+
+    async def get_prefix(
+        self, keys: Sequence[str], fingerprint: bytes = b""
+    ) -> list[ReplicaList | MooncakeError]:
+        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+        reply = await self._call(self._stub.GetPrefix, request)
+        return [_replica_list(r) for r in reply.results]
 
     async def exists(self, keys: Sequence[str]) -> list[bool]:
         reply = await self._call(self._stub.BatchExists, pb.KeysRequest(keys=keys))

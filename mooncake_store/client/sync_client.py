@@ -13,7 +13,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient
-from mooncake_store.client.types import ClusterStats, NodeStatus, PutResult
+from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
 
 T = TypeVar("T")
 
@@ -75,31 +75,38 @@ class Client:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def put(self, key: str, value: object, *, replicas: int | None = None) -> PutResult:
-        return self._run(self._async.put(key, value, replicas=replicas))
+    def put(self, key: str, value: object, **options: Any) -> PutResult:
+        return self._run(self._async.put(key, value, **options))
 
-    def put_from(self, key: str, buffer: object, *, replicas: int | None = None) -> PutResult:
-        return self._run(self._async.put_from(key, buffer, replicas=replicas))
+    def put_from(self, key: str, buffer: object, **options: Any) -> PutResult:
+        return self._run(self._async.put_from(key, buffer, **options))
 
     def put_many(
-        self,
-        items: Mapping[str, object] | Iterable[tuple[str, object]],
-        *,
-        replicas: int | None = None,
+        self, items: Mapping[str, object] | Iterable[tuple[str, object]], **options: Any
     ) -> list[PutResult]:
-        return self._run(self._async.put_many(items, replicas=replicas))
+        return self._run(self._async.put_many(items, **options))
 
-    def get(self, key: str) -> bytes:
-        return self._run(self._async.get(key))
+    def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
+        return self._run(self._async.get(key, fingerprint=fingerprint))
 
-    def get_many(self, keys: Sequence[str]) -> list[bytes]:
-        return self._run(self._async.get_many(keys))
+    def get_many(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> list[bytes]:
+        return self._run(self._async.get_many(keys, fingerprint=fingerprint))
 
-    def get_into(self, key: str, buffer: object) -> int:
-        return self._run(self._async.get_into(key, buffer))
+    def get_into(self, key: str, buffer: object, *, fingerprint: bytes = b"") -> int:
+        return self._run(self._async.get_into(key, buffer, fingerprint=fingerprint))
 
-    def get_many_into(self, keys: Sequence[str], buffers: Sequence[object]) -> list[int]:
-        return self._run(self._async.get_many_into(keys, buffers))
+    def get_many_into(
+        self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
+    ) -> list[int]:
+        return self._run(self._async.get_many_into(keys, buffers, fingerprint=fingerprint))
+
+    def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
+        return self._run(self._async.prefix_match(keys, fingerprint=fingerprint))
+
+    def get_prefix_into(
+        self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
+    ) -> PrefixRead:
+        return self._run(self._async.get_prefix_into(keys, buffers, fingerprint=fingerprint))
 
     def exists(self, key: str) -> bool:
         return self._run(self._async.exists(key))

@@ -27,6 +27,29 @@ class ReplicaList:
     size_bytes: int
     checksum: int
     replicas: list[ReplicaLocation]
+    tag: bytes = b""
+    parent_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutSpec:
+    """One object of a BatchPutStart."""
+
+    key: str
+    size_bytes: int
+    replicas: int = 0
+    fingerprint: bytes = b""
+    parent_key: str = ""
+    tag: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRead:
+    """What `get_prefix_into` read: the first `matched` keys, their sizes and tags."""
+
+    matched: int
+    sizes: list[int]
+    tags: list[bytes]
 
 
 @dataclass(frozen=True, slots=True)

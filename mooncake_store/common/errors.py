@@ -16,6 +16,7 @@ the most specific class.
     ├── ObjectBusyError                a put of the key is in progress
     ├── ReplicaUnavailableError        the object exists but no replica could be read
     ├── ChecksumMismatchError          bytes read do not match the committed checksum
+    ├── IdentityMismatchError          the object was stored under another identity
     ├── DataPathError                  a transfer to or from a node failed
     │   └── AccessDeniedError          the node refused the grant (expired, forged, out of range)
     └── RpcError                       the master call failed
@@ -83,6 +84,10 @@ class ChecksumMismatchError(MooncakeError):
     code = -707
 
 
+class IdentityMismatchError(MooncakeError):
+    code = -708
+
+
 class DataPathError(MooncakeError):
     code = -800
 
@@ -115,6 +120,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         ObjectBusyError,
         ReplicaUnavailableError,
         ChecksumMismatchError,
+        IdentityMismatchError,
         DataPathError,
         AccessDeniedError,
         RpcError,

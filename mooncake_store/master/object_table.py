@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from mooncake_store.common.errors import (
+    IdentityMismatchError,
+    InvalidArgumentError,
     InvalidValueError,
     NoSpaceError,
     ObjectBusyError,
@@ -36,6 +38,9 @@ from mooncake_store.common.errors import (
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.placement import choose_segments
+
+MAX_FINGERPRINT_BYTES = 64
+MAX_TAG_BYTES = 256
 
 
 class ObjectState(Enum):
@@ -62,6 +67,9 @@ class ObjectMeta:
     lease_until_s: float = 0.0
     access_count: int = 0
     last_access_s: float = 0.0
+    fingerprint: bytes = b""
+    parent_key: str = ""
+    tag: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,15 +221,36 @@ class ObjectTable:
 
     # ---- puts -----------------------------------------------------------------------------
 
-    def put_start(self, key: str, size_bytes: int, replicas: int = 0) -> PutStartOutcome:
+    def put_start(
+        self,
+        key: str,
+        size_bytes: int,
+        replicas: int = 0,
+        *,
+        fingerprint: bytes = b"",
+        parent_key: str = "",
+        tag: bytes = b"",
+    ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
 
+        `fingerprint` names the writer's identity (reads presenting another are refused),
+        `parent_key` the previous block of its prefix chain, `tag` small application metadata.
+
         Raises:
-            InvalidKeyError / InvalidValueError: bad key or size.
+            InvalidKeyError / InvalidValueError / InvalidArgumentError: bad key, size or metadata.
             ObjectBusyError: a put of this key is in progress.
+            IdentityMismatchError: the key is stored under another identity.
             NoSpaceError: no mounted node has room.
         """
         validate_key(key)
+        if parent_key:
+            validate_key(parent_key)
+        if len(fingerprint) > MAX_FINGERPRINT_BYTES:
+            raise InvalidArgumentError(
+                f"fingerprint is {len(fingerprint)} bytes; the limit is {MAX_FINGERPRINT_BYTES}"
+            )
+        if len(tag) > MAX_TAG_BYTES:
+            raise InvalidArgumentError(f"tag is {len(tag)} bytes; the limit is {MAX_TAG_BYTES}")
         if size_bytes <= 0:
             raise InvalidValueError(f"object size must be > 0 bytes, got {size_bytes}")
         if replicas < 0:
@@ -232,6 +261,11 @@ class ObjectTable:
             if meta.state is not ObjectState.COMPLETE:
                 raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
             if any(r.segment_id in self._segments for r in meta.replicas):
+                if meta.fingerprint != fingerprint:
+                    raise IdentityMismatchError(
+                        f"{key!r} is already stored under another identity "
+                        f"({meta.fingerprint.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
+                    )
                 self.counters["puts_deduplicated"] += 1
                 return PutStartOutcome(True, [], 0.0)
             # Restored after a master restart but none of its nodes is back: write it again
@@ -273,6 +307,9 @@ class ObjectTable:
             [r for _, r in placements],
             created_s=now,
             put_deadline_s=deadline,
+            fingerprint=fingerprint,
+            parent_key=parent_key,
+            tag=tag,
         )
         self._pending[key] = deadline
         self.counters["puts_started"] += 1
@@ -337,16 +374,25 @@ class ObjectTable:
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def get_replicas(self, key: str) -> tuple[ObjectMeta, list[tuple[Segment, Replica]]]:
+    def get_replicas(
+        self, key: str, fingerprint: bytes = b""
+    ) -> tuple[ObjectMeta, list[tuple[Segment, Replica]]]:
         """Return the object and its readable replicas, granting a read lease on them.
 
         Raises:
             ObjectNotFoundError: no committed object under `key`.
+            IdentityMismatchError: `fingerprint` is given and differs from the stored one.
             ReplicaUnavailableError: the object's nodes are not mounted (yet).
         """
         meta = self._objects.get(key)
         if meta is None or meta.state is not ObjectState.COMPLETE:
             raise ObjectNotFoundError(f"no object under key {key!r}")
+        if fingerprint and meta.fingerprint != fingerprint:
+            raise IdentityMismatchError(
+                f"{key!r} was stored under another identity (fingerprint "
+                f"{meta.fingerprint.hex() or 'none'}, this read presents {fingerprint.hex()}): "
+                "a different model, dtype, layout or TP rank; it is not served"
+            )
         live = [(s, r) for r in meta.replicas if (s := self._segments.get(r.segment_id))]
         if not live:
             raise ReplicaUnavailableError(
@@ -358,6 +404,20 @@ class ObjectTable:
         meta.last_access_s = now
         self.counters["gets"] += 1
         return meta, live
+
+    def prefix_match(self, keys: Iterable[str], fingerprint: bytes = b"") -> int:
+        """How many leading `keys` are readable (and of `fingerprint`, when given).
+
+        A probe like `exists`: it grants no lease and counts no access.
+        """
+        matched = 0
+        for key in keys:
+            if not self.exists(key):
+                break
+            if fingerprint and self._objects[key].fingerprint != fingerprint:
+                break
+            matched += 1
+        return matched
 
     def exists(self, key: str) -> bool:
         """True when `key` is committed and readable.  Does not count as an access."""

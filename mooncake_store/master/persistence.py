@@ -21,29 +21,43 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
 
 _PREFIX = b"o/"
-_HEADER = struct.Struct("<BQQdH")  # version, size, checksum, created, replica count
+# version, size, checksum, created, replica count, fingerprint / parent key / tag lengths;
+# then the replicas, then the three variable fields.
+_HEADER = struct.Struct("<BQQdHBHH")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
-_VERSION = 1
+_VERSION = 2
 
 
 def encode_object(meta: ObjectMeta) -> bytes:
+    parent = meta.parent_key.encode("utf-8", "surrogatepass")
     parts = [
-        _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s, len(meta.replicas))
-    ]
+        _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s,
+                     len(meta.replicas), len(meta.fingerprint), len(parent), len(meta.tag))
+    ]  # fmt: skip
     parts.extend(_REPLICA.pack(r.segment_id, r.offset) for r in meta.replicas)
+    parts += [meta.fingerprint, parent, meta.tag]
     return b"".join(parts)
 
 
 def decode_object(key: str, blob: bytes) -> ObjectMeta:
-    version, size_bytes, checksum, created_s, count = _HEADER.unpack_from(blob)
+    version = blob[0]
     if version != _VERSION:
         raise ValueError(f"object record of {key!r} has unknown version {version}")
-    replicas = [
-        Replica(*_REPLICA.unpack_from(blob, _HEADER.size + i * _REPLICA.size)) for i in range(count)
-    ]
+    _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag = _HEADER.unpack_from(blob)
+    offset = _HEADER.size
+    replicas = []
+    for _ in range(count):
+        replicas.append(Replica(*_REPLICA.unpack_from(blob, offset)))
+        offset += _REPLICA.size
+    fingerprint = blob[offset : offset + n_fp]
+    offset += n_fp
+    parent = blob[offset : offset + n_parent].decode("utf-8", "surrogatepass")
+    offset += n_parent
+    tag = blob[offset : offset + n_tag]
     return ObjectMeta(
-        key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum, created_s=created_s
-    )
+        key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum,
+        created_s=created_s, fingerprint=fingerprint, parent_key=parent, tag=tag,
+    )  # fmt: skip
 
 
 class MetadataStore:

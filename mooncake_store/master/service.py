@@ -61,7 +61,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     def _put_start(self, item: pb.PutStartItem) -> pb.PutStartResult:
         try:
-            outcome = self.table.put_start(item.key, item.size_bytes, item.replicas)
+            outcome = self.table.put_start(
+                item.key,
+                item.size_bytes,
+                item.replicas,
+                fingerprint=item.fingerprint,
+                parent_key=item.parent_key,
+                tag=item.tag,
+            )
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
         if outcome.already_exists:
@@ -137,9 +144,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def _replica_list(self, key: str) -> pb.ReplicaListResult:
+    def _replica_list(self, key: str, fingerprint: bytes = b"") -> pb.ReplicaListResult:
         try:
-            meta, live = self.table.get_replicas(key)
+            meta, live = self.table.get_replicas(key, fingerprint)
         except MooncakeError as exc:
             return pb.ReplicaListResult(status=_status(exc))
         return pb.ReplicaListResult(
@@ -147,6 +154,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             size_bytes=meta.size_bytes,
             checksum=meta.checksum,
             lease_ttl_s=self.config.lease_ttl_s,
+            tag=meta.tag,
+            parent_key=meta.parent_key,
             replicas=[
                 _location(seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ)
                 for seg, r in live
@@ -154,12 +163,29 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
 
     async def GetReplicaList(self, request: pb.KeyRequest, context: object) -> pb.ReplicaListResult:
-        return self._replica_list(request.key)
+        return self._replica_list(request.key, request.fingerprint)
 
     async def BatchGetReplicaList(
         self, request: pb.KeysRequest, context: object
     ) -> pb.BatchGetReplicaListResponse:
-        return pb.BatchGetReplicaListResponse(results=[self._replica_list(k) for k in request.keys])
+        fingerprint = request.fingerprint
+        return pb.BatchGetReplicaListResponse(
+            results=[self._replica_list(k, fingerprint) for k in request.keys]
+        )
+
+    async def PrefixMatch(self, request: pb.KeysRequest, context: object) -> pb.PrefixMatchResponse:
+        return pb.PrefixMatchResponse(
+            matched=self.table.prefix_match(request.keys, request.fingerprint)
+        )
+
+    async def GetPrefix(
+        self, request: pb.KeysRequest, context: object
+    ) -> pb.BatchGetReplicaListResponse:
+        matched = self.table.prefix_match(request.keys, request.fingerprint)
+        keys = request.keys[:matched]
+        return pb.BatchGetReplicaListResponse(
+            results=[self._replica_list(k, request.fingerprint) for k in keys]
+        )
 
     async def Exists(self, request: pb.KeyRequest, context: object) -> pb.ExistsResult:
         return pb.ExistsResult(exists=self.table.exists(request.key))

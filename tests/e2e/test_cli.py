@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -145,3 +146,27 @@ def test_cluster_demo_runs_and_exits(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "prefix hits: 12/34 blocks" in result.stdout
     assert "cluster stopped" in result.stdout
+
+
+def test_kv_engine_example_reuses_shared_prefixes(tmp_path):
+    # 40 requests of three 512-token blocks: the first two shared by all, the third unique.
+    trace = tmp_path / "trace.jsonl"
+    lines = [
+        json.dumps({"timestamp": i, "input_length": 1536, "output_length": 1,
+                    "hash_ids": [0, 1, i + 2]})
+        for i in range(40)
+    ]  # fmt: skip
+    trace.write_text("\n".join(lines))
+    out = tmp_path / "summary.json"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "kv_engine_example.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(trace), "--requests", "40", "--dram", "64MiB",
+         "--hasher", "vllm-sha256-cbor", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "every hit verified byte for byte" in result.stdout
+    summary = json.loads(out.read_text())
+    assert summary["requests"] == 40 and summary["blocks"] == 120
+    assert summary["hit_blocks"] == summary["verified_blocks"] == 39 * 2
+    assert summary["written_blocks"] == 42

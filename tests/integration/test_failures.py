@@ -23,7 +23,7 @@ from mooncake_store import (
 )
 from mooncake_store.client.master_client import MasterClient
 from mooncake_store.client.transport import ShmMapper, TcpPool
-from mooncake_store.client.types import ReplicaLocation, Retry
+from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
@@ -44,7 +44,7 @@ def put_start(master: str, key: str, size: int):
     async def call():
         client = MasterClient(master, timeout_s=5, retry=Retry())
         try:
-            return (await client.put_start([(key, size, 1)]))[0]
+            return (await client.put_start([PutSpec(key, size, 1)]))[0]
         finally:
             await client.close()
 

@@ -3,6 +3,8 @@
 import pytest
 
 from mooncake_store.common.errors import (
+    IdentityMismatchError,
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidValueError,
     NoSpaceError,
@@ -265,3 +267,27 @@ def test_no_space(clock):
     t.remove("k0")
     commit(t, "full")
     t.validate()
+
+
+def test_identity_metadata_prefix_match(table):
+    fa, fb = b"A" * 16, b"B" * 16
+    for i, key in enumerate(["p0", "p1", "p2"]):
+        table.put_start(key, MiB, fingerprint=fa, parent_key=f"p{i - 1}" if i else "", tag=b"t")
+        table.put_end(key, i)
+        table.commit_put_end(key)
+    assert table.get("p1").parent_key == "p0" and table.get("p1").tag == b"t"
+    assert table.prefix_match(["p0", "p1", "p2"], fa) == 3
+    assert table.prefix_match(["p0", "p1", "p2"], fb) == 0
+    assert table.prefix_match(["p0", "p1", "p2"]) == 3  # no identity presented: keys only
+    assert table.get("p0").access_count == 0  # a probe, not a read
+    table.remove("p1")
+    assert table.prefix_match(["p0", "p1", "p2"], fa) == 1
+    with pytest.raises(IdentityMismatchError):
+        table.get_replicas("p0", fb)
+    with pytest.raises(IdentityMismatchError):
+        table.put_start("p0", MiB, fingerprint=fb)  # a dedupe must not hide a wrong identity
+    assert table.put_start("p0", MiB, fingerprint=fa).already_exists
+    with pytest.raises(InvalidArgumentError, match="tag is 300 bytes"):
+        table.put_start("x", 1, tag=b"t" * 300)
+    with pytest.raises(InvalidKeyError):
+        table.put_start("x", 1, parent_key="k" * 2000)

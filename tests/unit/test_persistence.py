@@ -14,6 +14,9 @@ def meta(key: str, n: int = 2) -> ObjectMeta:
         [Replica(0xFFFF_FFFF_FFFF_FFF0 + i, i * 8192) for i in range(n)],
         checksum=2**64 - 1,
         created_s=12.5,
+        fingerprint=b"\x01" * 16,
+        parent_key=f"parent-of-{key}",
+        tag=b"\x00tag",
     )
 
 
