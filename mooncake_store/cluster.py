@@ -21,7 +21,9 @@ from pathlib import Path
 import click
 
 _MASTER_READY = re.compile(r"mooncake-master listening on (\S+):(\d+)")
-_NODE_READY = re.compile(r"mooncake-store node (\S+) serving .* data (\S+):(\d+), health \S+:(\d+)")
+_NODE_READY = re.compile(
+    r"mooncake-store node (\S+) serving .* data (\S+):(\d+), control \S+:(\d+)"
+)
 
 
 class DaemonProcess:
@@ -200,7 +202,7 @@ class LocalCluster:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         with Client(self.master_address) as client:
             while True:
-                mounted = len(client.list_nodes())
+                mounted = len({n.node_id for n in client.list_nodes()})
                 if mounted == count:
                     return
                 if time.monotonic() > deadline:

@@ -15,7 +15,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReplicaLocation(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "offset", "size_bytes", "grant")
+    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "offset", "size_bytes", "grant", "tier")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class ReplicaLocation(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     endpoint: str
@@ -30,23 +31,28 @@ class ReplicaLocation(_message.Message):
     offset: int
     size_bytes: int
     grant: bytes
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ...) -> None: ...
+    tier: str
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag")
+    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
     key: str
     size_bytes: int
     replicas: int
     fingerprint: bytes
     parent_key: str
     tag: bytes
-    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ...) -> None: ...
+    pin: bool
+    pin_ttl_s: float
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("status", "already_exists", "replicas")
@@ -164,23 +170,53 @@ class BatchExistsResponse(_message.Message):
     exists: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, exists: _Optional[_Iterable[bool]] = ...) -> None: ...
 
-class MountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "size_bytes", "secret", "tier")
-    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+class InventoryItem(_message.Message):
+    __slots__ = ("key", "offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    offset: int
+    size_bytes: int
+    checksum: int
+    fingerprint: bytes
+    parent_key: str
+    tag: bytes
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ...) -> None: ...
+
+class SegmentSpec(_message.Message):
+    __slots__ = ("segment_id", "tier", "size_bytes", "inventory")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    tier: str
+    size_bytes: int
+    inventory: _containers.RepeatedCompositeFieldContainer[InventoryItem]
+    def __init__(self, segment_id: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., inventory: _Optional[_Iterable[_Union[InventoryItem, _Mapping]]] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SHM_SOCKET_FIELD_NUMBER: _ClassVar[int]
-    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
-    TIER_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    segment_id: int
+    incarnation: int
     endpoint: str
     shm_socket: str
-    size_bytes: int
+    control_endpoint: str
     secret: bytes
-    tier: str
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., size_bytes: _Optional[int] = ..., secret: _Optional[bytes] = ..., tier: _Optional[str] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentSpec]
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ("status", "heartbeat_interval_s")
@@ -191,12 +227,12 @@ class MountSegmentResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "segment_id")
+    __slots__ = ("node_id", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    segment_id: int
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("status",)
@@ -205,12 +241,12 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "segment_id")
+    __slots__ = ("node_id", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    segment_id: int
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s")
@@ -272,3 +308,47 @@ class StatsResponse(_message.Message):
     max_object_bytes: int
     counters: _containers.ScalarMap[str, int]
     def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class MoveTask(_message.Message):
+    __slots__ = ("key", "src_segment", "src_offset", "dst_segment", "dst_offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SRC_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DST_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    src_segment: int
+    src_offset: int
+    dst_segment: int
+    dst_offset: int
+    size_bytes: int
+    checksum: int
+    fingerprint: bytes
+    parent_key: str
+    tag: bytes
+    def __init__(self, key: _Optional[str] = ..., src_segment: _Optional[int] = ..., src_offset: _Optional[int] = ..., dst_segment: _Optional[int] = ..., dst_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ...) -> None: ...
+
+class MoveRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[MoveTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ...) -> None: ...
+
+class MoveResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[Status]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("segment_id", "offsets")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -872,3 +872,121 @@ class MasterService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NodeServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Move = channel.unary_unary(
+                '/mooncake_store.v1.NodeService/Move',
+                request_serializer=mooncake__store__pb2.MoveRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.MoveResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/mooncake_store.v1.NodeService/Release',
+                request_serializer=mooncake__store__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.Status.FromString,
+                _registered_method=True)
+
+
+class NodeServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Move(self, request, context):
+        """Copy blocks between this node's tiers (demotion DRAM -> NVMe, promotion NVMe -> DRAM).
+        The destination is written (and, for NVMe, indexed durably) before the status is OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Forget persistent-tier extents the master freed, so a restart does not report them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NodeServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Move': grpc.unary_unary_rpc_method_handler(
+                    servicer.Move,
+                    request_deserializer=mooncake__store__pb2.MoveRequest.FromString,
+                    response_serializer=mooncake__store__pb2.MoveResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=mooncake__store__pb2.ReleaseRequest.FromString,
+                    response_serializer=mooncake__store__pb2.Status.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'mooncake_store.v1.NodeService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('mooncake_store.v1.NodeService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class NodeService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Move(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.NodeService/Move',
+            mooncake__store__pb2.MoveRequest.SerializeToString,
+            mooncake__store__pb2.MoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.NodeService/Release',
+            mooncake__store__pb2.ReleaseRequest.SerializeToString,
+            mooncake__store__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -178,13 +178,16 @@ class AsyncClient:
         fingerprint: bytes = b"",
         parent: str | None = None,
         tag: bytes = b"",
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
     ) -> PutResult:
         """Store `value` (any bytes-like object) under `key`.
 
         A put of a key that already exists succeeds without writing (keys name content).
         `fingerprint` records the writer's identity (a read presenting another one is refused),
         `parent` the previous block of the key's prefix chain, `tag` up to 256 bytes of
-        metadata returned by prefix reads.
+        metadata returned by prefix reads.  `pin=True` protects the object from eviction
+        (for `pin_ttl_s` seconds, or until removed when 0).
 
         Raises:
             InvalidKeyError / InvalidValueError: bad key or value.
@@ -195,7 +198,7 @@ class AsyncClient:
         parents = None if parent is None else [parent]
         results = await self.put_many(
             [(key, value)], replicas=replicas, fingerprint=fingerprint, parents=parents,
-            tags=[tag],
+            tags=[tag], pin=pin, pin_ttl_s=pin_ttl_s,
         )  # fmt: skip
         return results[0]
 
@@ -208,11 +211,14 @@ class AsyncClient:
         fingerprint: bytes = b"",
         parent: str | None = None,
         tag: bytes = b"",
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
     ) -> PutResult:
         """Store the bytes of `buffer` (numpy array, memoryview, ...) without an extra copy."""
         return await self.put(
-            key, buffer, replicas=replicas, fingerprint=fingerprint, parent=parent, tag=tag
-        )
+            key, buffer, replicas=replicas, fingerprint=fingerprint, parent=parent, tag=tag,
+            pin=pin, pin_ttl_s=pin_ttl_s,
+        )  # fmt: skip
 
     async def put_many(
         self,
@@ -222,6 +228,8 @@ class AsyncClient:
         fingerprint: bytes = b"",
         parents: Sequence[str | None] | None = None,
         tags: Sequence[bytes] | None = None,
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
     ) -> list[PutResult]:
         """Store many objects with one BatchPutStart and one BatchPutEnd.
 
@@ -252,7 +260,7 @@ class AsyncClient:
             spec = PutSpec(
                 key, len(view), wanted, bytes(fingerprint),
                 (parents[i] or "") if parents is not None else "",
-                bytes(tags[i]) if tags is not None else b"",
+                bytes(tags[i]) if tags is not None else b"", pin, pin_ttl_s,
             )  # fmt: skip
             pending.append(_Pending(key, view, spec))
         if not pending:
@@ -462,11 +470,13 @@ class AsyncClient:
     async def _by_locality(
         self, replicas: list[ReplicaLocation]
     ) -> list[tuple[ReplicaLocation, memoryview | None]]:
+        """Same-host shared memory first, then DRAM over TCP, then slower tiers."""
         with_pool = [(loc, await self._local_pool(loc)) for loc in replicas]
-        return sorted(with_pool, key=lambda lp: lp[1] is None)
+        rank = {"GPU": 1, "DRAM": 1, "NVME": 2}
+        return sorted(with_pool, key=lambda lp: 0 if lp[1] is not None else rank.get(lp[0].tier, 3))
 
     async def _local_pool(self, loc: ReplicaLocation) -> memoryview | None:
-        if not self.local_shm:
+        if not self.local_shm or loc.tier != "DRAM":
             return None
         view = self._shm.cached(loc)
         if view is None and self._shm.worth_probing(loc):

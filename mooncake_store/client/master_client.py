@@ -39,6 +39,7 @@ def _location(loc: pb.ReplicaLocation) -> ReplicaLocation:
         loc.offset,
         loc.size_bytes,
         bytes(loc.grant),
+        loc.tier or "DRAM",
     )
 
 
@@ -107,6 +108,8 @@ class MasterClient:
                     fingerprint=i.fingerprint,
                     parent_key=i.parent_key,
                     tag=i.tag,
+                    pin=i.pin,
+                    pin_ttl_s=i.pin_ttl_s,
                 )
                 for i in items
             ]

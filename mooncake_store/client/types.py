@@ -14,6 +14,7 @@ class ReplicaLocation:
     offset: int
     size_bytes: int
     grant: bytes
+    tier: str = "DRAM"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class PutSpec:
     fingerprint: bytes = b""
     parent_key: str = ""
     tag: bytes = b""
+    pin: bool = False
+    pin_ttl_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

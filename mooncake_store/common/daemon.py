@@ -38,6 +38,8 @@ def run_daemon(
         raise click.UsageError(str(exc)) from exc
     try:
         asyncio.run(serve(config))
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
     except OSError as exc:
         click.echo(f"{name}: {exc}", err=True)
         sys.exit(1)

@@ -24,6 +24,15 @@ class MasterConfig:
     default_replicas: int = 1
     alignment_bytes: int = size_field(4096)
     max_message_bytes: int = size_field(64 * 1024 * 1024)
+    eviction_policy: str = "weighted"
+    eviction_depth_cost: float = 0.02
+    eviction_ghost_entries: int = 1_000_000
+    dram_high_watermark: float = 0.90
+    dram_low_watermark: float = 0.75
+    nvme_high_watermark: float = 0.95
+    nvme_low_watermark: float = 0.90
+    promote_after_reads: int = 2
+    max_moves_per_tick: int = 64
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,5 +54,20 @@ class MasterConfig:
         a = self.alignment_bytes
         if a < 64 or a & (a - 1):
             raise InvalidArgumentError(f"alignment_bytes must be a power of two >= 64, got {a}")
+        if self.eviction_policy not in ("weighted", "lru"):
+            raise InvalidArgumentError(
+                f"eviction_policy must be 'weighted' or 'lru', got {self.eviction_policy!r}"
+            )
+        if self.eviction_depth_cost < 0 or self.eviction_ghost_entries < 0:
+            raise InvalidArgumentError("eviction_depth_cost and eviction_ghost_entries are >= 0")
+        for tier in ("dram", "nvme"):
+            low = getattr(self, f"{tier}_low_watermark")
+            high = getattr(self, f"{tier}_high_watermark")
+            if not 0 < low <= high <= 1:
+                raise InvalidArgumentError(
+                    f"{tier} watermarks must satisfy 0 < low <= high <= 1, got {low} and {high}"
+                )
+        if self.promote_after_reads < 1 or self.max_moves_per_tick < 1:
+            raise InvalidArgumentError("promote_after_reads and max_moves_per_tick must be >= 1")
         if self.max_message_bytes < 4 * 1024 * 1024:
             raise InvalidArgumentError("max_message_bytes must be at least 4MiB")

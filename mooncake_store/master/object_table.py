@@ -1,28 +1,36 @@
 """The master's object table (pure core: no I/O, time from an injected clock).
 
-It holds every object's metadata (size, checksum, replicas, state, lease, access statistics),
-every mounted segment with its allocator, and the rules between them:
+It holds every object's metadata (size, checksum, replicas, state, lease, pin, access
+statistics, identity), every node and mounted segment with its allocator, and the rules
+between them:
 
 - put_start -> PROCESSING (invisible) -> put_end -> COMMITTING (being made durable) ->
   commit_put_end -> COMPLETE (visible).  put_revoke, a failed commit, a put that outlives
   `put_timeout_s` (zombie), or the death of every replica's node, remove a pending put.
-- get_replicas grants a read lease: until it expires, the object's extents are not freed or
-  reused, even if the object is removed meanwhile (the free is deferred).
-- A segment whose node misses heartbeats for `heartbeat_ttl_s` is dropped with its replicas;
-  an object left with no replica is deleted.
+- get_replicas grants a read lease: until it expires, the object's extents are not freed,
+  evicted or reused, even if the object is removed meanwhile (the free is deferred).
+- New objects go to the fastest volatile tier (DRAM).  When no node has room, the eviction
+  policy picks victims synchronously (never leased, pinned or pending objects), so a put fails
+  with NoSpaceError only when nothing is evictable.  Tier movement (demotion, promotion) is
+  planned by `tiering.py` on top of this table.
+- A node that misses heartbeats for `heartbeat_ttl_s` is dropped with its segments; an object
+  left with no replica is deleted.  A node that mounts with a new incarnation restarted: its
+  old segments are dropped, and blocks its persistent tier reports (inventory) are adopted.
 - After a master restart, committed objects come back through `restore`; their replicas wait
-  for their segment to be mounted again, which rebuilds the allocator from them.  Replicas
-  whose segment does not come back within `restore_grace_s` are dropped.
+  for their segment to be mounted again, which rebuilds the allocator from them (a persistent
+  segment reconciles them against the node's inventory).  Replicas whose segment does not come
+  back within `restore_grace_s` are dropped.
 
 Methods raise MooncakeError subclasses for per-key failures; the service turns them into
-per-key statuses.  Persistence is the caller's job: mutations that must reach RocksDB are
-returned (`TickResult.deleted_keys`, the metadata from `put_end`).
+per-key statuses.  Mutations that must reach RocksDB outside the put path (evictions, moves,
+adopted blocks, dead nodes) accumulate and are drained with `take_dirty()`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -37,7 +45,16 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.allocator import ExtentAllocator
+from mooncake_store.master.eviction import EvictionPolicy, LruPolicy
 from mooncake_store.master.placement import choose_segments
+from mooncake_store.master.segments import (
+    InventoryItem,
+    NodeInfo,
+    NodeState,
+    Segment,
+    SegmentInfo,
+    Tier,
+)
 
 MAX_FINGERPRINT_BYTES = 64
 MAX_TAG_BYTES = 256
@@ -70,47 +87,9 @@ class ObjectMeta:
     fingerprint: bytes = b""
     parent_key: str = ""
     tag: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """What a node tells the master when it mounts its pool."""
-
-    node_id: str
-    segment_id: int
-    endpoint: str
-    shm_socket: str
-    size_bytes: int
-    secret: bytes
-    tier: str = "DRAM"
-
-
-class Segment:
-    """A mounted segment: its mount info, allocator, liveness and the keys it holds."""
-
-    __slots__ = ("allocator", "info", "keys", "last_heartbeat_s")
-
-    def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, now: float) -> None:
-        self.info = info
-        self.allocator = allocator
-        self.last_heartbeat_s = now
-        self.keys: set[str] = set()
-
-    @property
-    def node_id(self) -> str:
-        return self.info.node_id
-
-    @property
-    def segment_id(self) -> int:
-        return self.info.segment_id
-
-    @property
-    def free_bytes(self) -> int:
-        return self.allocator.free_bytes
-
-    @property
-    def largest_free(self) -> int:
-        return self.allocator.largest_free()
+    pin_until_s: float = 0.0
+    moving: bool = False
+    slow_reads: int = 0  # reads served only from a persistent tier since it got there
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,84 +112,151 @@ class PutStartOutcome:
 @dataclass(slots=True)
 class TickResult:
     deleted_keys: list[str] = field(default_factory=list)
-    dead_segments: list[SegmentInfo] = field(default_factory=list)
+    dead_nodes: list[NodeInfo] = field(default_factory=list)
     reclaimed_puts: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class Dirty:
+    """Mutations to persist: objects to (re)write and keys to delete."""
+
+    puts: list[ObjectMeta] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+
+
 class ObjectTable:
-    def __init__(self, config: TableConfig, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        config: TableConfig,
+        *,
+        clock: Callable[[], float],
+        policy: EvictionPolicy | None = None,
+    ) -> None:
         self.config = config
+        self.policy = policy or LruPolicy()
         self._clock = clock
         self._started_s = clock()
         self._objects: dict[str, ObjectMeta] = {}
+        self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
         self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
+        self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
+        self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
+        self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.counters: dict[str, int] = dict.fromkeys(
             (
-                "puts_started",
-                "puts_committed",
-                "puts_deduplicated",
-                "puts_revoked",
-                "puts_reclaimed",
-                "gets",
-                "removes",
-                "segments_expired",
-                "replicas_dropped",
+                "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
+                "puts_reclaimed", "gets", "removes", "nodes_expired", "replicas_dropped",
+                "evictions", "objects_adopted",
             ),
             0,
-        )
+        )  # fmt: skip
 
-    # ---- segments -------------------------------------------------------------------------
+    # ---- nodes and segments -----------------------------------------------------------------
 
-    def mount(self, info: SegmentInfo) -> None:
-        """Mount (or re-mount, idempotently) a node's segment.
+    def mount(
+        self,
+        node: NodeInfo,
+        segments: Sequence[tuple[SegmentInfo, Sequence[InventoryItem] | None]],
+    ) -> None:
+        """Mount a node's segments (idempotent for the same incarnation).
 
-        A node that comes back with a new segment id restarted and lost its pool: its old
-        segment is dropped first.  A segment id known from before a master restart gets its
-        allocator rebuilt from the restored replicas.
+        A new incarnation of a known node means it restarted: its old segments are dropped
+        first.  A persistent segment's inventory is reconciled with what the master knows:
+        matching replicas are kept, unknown blocks adopted, missing ones dropped.
         """
         now = self._clock()
-        existing = self._segments.get(info.segment_id)
-        if existing is not None:
-            existing.last_heartbeat_s = now
+        known = self._nodes.get(node.node_id)
+        if known is not None and known.info.incarnation == node.incarnation:
+            known.last_heartbeat_s = now
             return
-        for seg in list(self._segments.values()):
-            if seg.node_id == info.node_id:
-                self._drop_segment(seg.segment_id, TickResult())
-        seg = Segment(info, ExtentAllocator(info.size_bytes, alignment=self.config.alignment), now)
-        self._segments[info.segment_id] = seg
-        for key in self._orphans.pop(info.segment_id, set()):
+        dropped = TickResult()
+        if known is not None:
+            self._drop_node(node.node_id, dropped)
+        state = NodeState(node, now)
+        self._nodes[node.node_id] = state
+        for info, inventory in segments:
+            if info.segment_id in self._segments:  # claimed by another node: take it over
+                self._drop_segment(info.segment_id, dropped)
+            allocator = ExtentAllocator(info.size_bytes, alignment=self.config.alignment)
+            seg = Segment(info, allocator)
+            self._segments[info.segment_id] = seg
+            state.segment_ids.append(info.segment_id)
+            self._adopt(seg, self._orphans.pop(info.segment_id, set()), inventory)
+        for key in dropped.deleted_keys:
+            self._dirty.setdefault(key, False)  # unless adopted again just now
+
+    def _adopt(
+        self, seg: Segment, orphan_keys: set[str], inventory: Sequence[InventoryItem] | None
+    ) -> None:
+        reported = {item.offset: item for item in inventory or ()}
+        for key in orphan_keys:
             meta = self._objects.get(key)
             if meta is None:
                 continue
-            for replica in meta.replicas:
-                if replica.segment_id != info.segment_id:
-                    continue
-                try:
-                    seg.allocator.reserve(replica.offset, meta.size_bytes)
-                    seg.keys.add(key)
-                except ValueError:  # overlaps another restored extent: cannot be trusted
-                    meta.replicas.remove(replica)
-                    self.counters["replicas_dropped"] += 1
-                break
+            replica = next((r for r in meta.replicas if r.segment_id == seg.segment_id), None)
+            if replica is None:
+                continue
+            item = reported.pop(replica.offset, None)
+            trusted = inventory is None or (
+                item is not None and item.key == key and item.checksum == meta.checksum
+            )
+            if trusted and self._reserve(seg, replica.offset, meta.size_bytes):
+                seg.keys.add(key)
+                self.policy.insert(key, seg.segment_id, parent=meta.parent_key)
+            else:
+                self._lose_replica(meta, replica)
+        for item in reported.values():  # blocks the master did not know were there
+            self._adopt_item(seg, item)
 
-    def heartbeat(self, node_id: str, segment_id: int) -> bool:
-        """Refresh a segment's liveness; False when the master does not know it (mount again)."""
-        seg = self._segments.get(segment_id)
-        if seg is None or seg.node_id != node_id:
+    def _adopt_item(self, seg: Segment, item: InventoryItem) -> None:
+        meta = self._objects.get(item.key)
+        if meta is not None and (
+            meta.state is not ObjectState.COMPLETE
+            or meta.checksum != item.checksum
+            or meta.size_bytes != item.size_bytes
+        ):
+            self._release(seg, item.offset)
+            return
+        if not self._reserve(seg, item.offset, item.size_bytes):
+            return
+        if meta is None:
+            meta = ObjectMeta(
+                item.key, item.size_bytes, ObjectState.COMPLETE, [], checksum=item.checksum,
+                created_s=self._clock(), fingerprint=item.fingerprint,
+                parent_key=item.parent_key, tag=item.tag,
+            )  # fmt: skip
+            self._objects[item.key] = meta
+            self.counters["objects_adopted"] += 1
+        meta.replicas.append(Replica(seg.segment_id, item.offset))
+        seg.keys.add(item.key)
+        self.policy.insert(item.key, seg.segment_id, parent=meta.parent_key)
+        self._dirty[item.key] = True
+
+    def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
+        try:
+            seg.allocator.reserve(offset, size_bytes)
+            return True
+        except ValueError:  # overlaps another extent or lies outside: cannot be trusted
             return False
-        seg.last_heartbeat_s = self._clock()
+
+    def heartbeat(self, node_id: str, incarnation: int) -> bool:
+        """Refresh a node's liveness; False when the master does not know it (mount again)."""
+        state = self._nodes.get(node_id)
+        if state is None or state.info.incarnation != incarnation:
+            return False
+        state.last_heartbeat_s = self._clock()
         return True
 
-    def unmount(self, node_id: str, segment_id: int) -> list[str]:
-        """Drop a segment at the node's request; return the keys deleted with it."""
-        seg = self._segments.get(segment_id)
-        if seg is None or seg.node_id != node_id:
+    def unmount(self, node_id: str, incarnation: int) -> list[str]:
+        """Drop a node at its request; return the keys deleted with it."""
+        state = self._nodes.get(node_id)
+        if state is None or state.info.incarnation != incarnation:
             return []
         result = TickResult()
-        self._drop_segment(segment_id, result)
+        self._drop_node(node_id, result)
         return result.deleted_keys
 
     def segments(self) -> list[Segment]:
@@ -219,7 +265,22 @@ class ObjectTable:
     def segment(self, segment_id: int) -> Segment | None:
         return self._segments.get(segment_id)
 
-    # ---- puts -----------------------------------------------------------------------------
+    def node(self, node_id: str) -> NodeState | None:
+        return self._nodes.get(node_id)
+
+    def node_segment(self, node_id: str, tier: Tier) -> Segment | None:
+        state = self._nodes.get(node_id)
+        for segment_id in state.segment_ids if state else ():
+            seg = self._segments.get(segment_id)
+            if seg is not None and seg.tier is tier:
+                return seg
+        return None
+
+    def last_heartbeat(self, node_id: str) -> float:
+        state = self._nodes.get(node_id)
+        return state.last_heartbeat_s if state else 0.0
+
+    # ---- puts -------------------------------------------------------------------------------
 
     def put_start(
         self,
@@ -230,17 +291,20 @@ class ObjectTable:
         fingerprint: bytes = b"",
         parent_key: str = "",
         tag: bytes = b"",
+        pin_ttl_s: float | None = None,
     ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
 
         `fingerprint` names the writer's identity (reads presenting another are refused),
-        `parent_key` the previous block of its prefix chain, `tag` small application metadata.
+        `parent_key` the previous block of its prefix chain, `tag` small application metadata,
+        `pin_ttl_s` protects it from eviction (0 or inf: until removed; None: not pinned).
+        When no node has room, victims are evicted synchronously.
 
         Raises:
             InvalidKeyError / InvalidValueError / InvalidArgumentError: bad key, size or metadata.
             ObjectBusyError: a put of this key is in progress.
             IdentityMismatchError: the key is stored under another identity.
-            NoSpaceError: no mounted node has room.
+            NoSpaceError: no node has room and nothing can be evicted.
         """
         validate_key(key)
         if parent_key:
@@ -256,6 +320,9 @@ class ObjectTable:
         if replicas < 0:
             raise InvalidValueError(f"replicas must be >= 1 (or 0 for the default), got {replicas}")
         now = self._clock()
+        pin_until = 0.0 if pin_ttl_s is None else (
+            math.inf if pin_ttl_s <= 0 or math.isinf(pin_ttl_s) else now + pin_ttl_s
+        )  # fmt: skip
         meta = self._objects.get(key)
         if meta is not None:
             if meta.state is not ObjectState.COMPLETE:
@@ -266,22 +333,28 @@ class ObjectTable:
                         f"{key!r} is already stored under another identity "
                         f"({meta.fingerprint.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
                     )
+                if pin_until > meta.pin_until_s:
+                    meta.pin_until_s = pin_until
+                    self._dirty[key] = True
                 self.counters["puts_deduplicated"] += 1
                 return PutStartOutcome(True, [], 0.0)
             # Restored after a master restart but none of its nodes is back: write it again
             # rather than report a put that nobody could read.
             self._delete(meta, 0.0)
-        if not self._segments:
+        fast = [s for s in self._segments.values() if s.tier is Tier.DRAM]
+        if not fast:
             raise NoSpaceError("no store node is mounted: start a mooncake-store node first")
-        largest = max(s.allocator.capacity_bytes for s in self._segments.values())
+        largest = max(s.allocator.capacity_bytes for s in fast)
         if size_bytes > largest:
             raise InvalidValueError(
                 f"object of {size_bytes} bytes is larger than any node's pool ({largest} bytes): "
                 "split it into smaller blocks or start nodes with more --dram"
             )
-        extent = self._any_allocator().aligned(size_bytes)
+        extent = fast[0].allocator.aligned(size_bytes)
         wanted = replicas or self.config.default_replicas
-        chosen = choose_segments(self._segments.values(), extent, wanted)
+        chosen = choose_segments(fast, extent, wanted)
+        if not chosen:
+            chosen = self._evict_for(fast, extent)
         if not chosen:
             leased = sum(
                 self._segments[sid].allocator.extent(off)
@@ -290,8 +363,9 @@ class ObjectTable:
             )
             held = f"; {leased} bytes are freed when their read leases end" if leased else ""
             raise NoSpaceError(
-                f"no store node has {extent} contiguous free bytes for {key!r} "
-                f"({len(self._segments)} nodes mounted{held})"
+                f"no store node has {extent} contiguous free bytes for {key!r} and nothing "
+                f"can be evicted (every block is pinned, leased or being written; "
+                f"{len(fast)} DRAM segments{held})"
             )
         placements = []
         for seg in chosen:
@@ -301,19 +375,47 @@ class ObjectTable:
             placements.append((seg, Replica(seg.segment_id, offset)))
         deadline = now + self.config.put_timeout_s
         self._objects[key] = ObjectMeta(
-            key,
-            size_bytes,
-            ObjectState.PROCESSING,
-            [r for _, r in placements],
-            created_s=now,
-            put_deadline_s=deadline,
-            fingerprint=fingerprint,
-            parent_key=parent_key,
-            tag=tag,
-        )
+            key, size_bytes, ObjectState.PROCESSING, [r for _, r in placements],
+            created_s=now, put_deadline_s=deadline, fingerprint=fingerprint,
+            parent_key=parent_key, tag=tag, pin_until_s=pin_until,
+        )  # fmt: skip
         self._pending[key] = deadline
         self.counters["puts_started"] += 1
         return PutStartOutcome(False, placements, deadline)
+
+    def _evict_for(self, candidates: list[Segment], extent: int) -> list[Segment]:
+        """Evict from the segment with most free space until `extent` fits; [] if impossible."""
+        for seg in sorted(candidates, key=lambda s: -s.free_bytes):
+            if self.make_room(seg, extent):
+                return [seg]
+        return []
+
+    def make_room(self, seg: Segment, extent: int) -> bool:
+        """Evict victims from `seg` until an extent of `extent` bytes fits."""
+        while seg.allocator.largest_free() < extent:
+            victim = self.policy.pick(seg.segment_id, self.evictable)
+            if victim is None:
+                return False
+            self.evict(victim, seg)
+        return True
+
+    def evictable(self, key: str) -> bool:
+        meta = self._objects.get(key)
+        now = self._clock()
+        return (
+            meta is not None
+            and meta.state is ObjectState.COMPLETE
+            and not meta.moving
+            and meta.lease_until_s <= now
+            and meta.pin_until_s <= now
+        )
+
+    def evict(self, key: str, seg: Segment) -> None:
+        """Drop `key`'s replica in `seg` (the object goes when it was the last one)."""
+        meta = self._objects[key]
+        replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
+        self.counters["evictions"] += 1
+        self._lose_replica(meta, replica)
 
     def put_end(self, key: str, checksum: int, failed_segments: Iterable[int] = ()) -> ObjectMeta:
         """Seal a pending put with its checksum, dropping replicas the client failed to write.
@@ -334,7 +436,7 @@ class ObjectTable:
         if failed:
             lost = [r for r in meta.replicas if r.segment_id in failed]
             meta.replicas = [r for r in meta.replicas if r.segment_id not in failed]
-            self._release(key, lost, 0.0)
+            self._free(key, lost, 0.0)
         if not meta.replicas:
             self._delete(meta, 0.0)
             self.counters["puts_revoked"] += 1
@@ -354,6 +456,8 @@ class ObjectTable:
         if meta is None or meta.state is not ObjectState.COMMITTING:
             raise ReplicaUnavailableError(f"every replica of {key!r} was lost while committing")
         meta.state = ObjectState.COMPLETE
+        for r in meta.replicas:
+            self.policy.insert(key, r.segment_id, parent=meta.parent_key)
         self.counters["puts_committed"] += 1
         return len(meta.replicas)
 
@@ -372,7 +476,7 @@ class ObjectTable:
         self._delete(meta, 0.0)
         self.counters["puts_revoked"] += 1
 
-    # ---- reads ----------------------------------------------------------------------------
+    # ---- reads ------------------------------------------------------------------------------
 
     def get_replicas(
         self, key: str, fingerprint: bytes = b""
@@ -402,8 +506,21 @@ class ObjectTable:
         meta.lease_until_s = max(meta.lease_until_s, now + self.config.lease_ttl_s)
         meta.access_count += 1
         meta.last_access_s = now
+        if all(s.tier.persistent for s, _ in live):
+            meta.slow_reads += 1
+            self.slow_keys.add(key)
+        self.policy.access(key)
         self.counters["gets"] += 1
         return meta, live
+
+    def exists(self, key: str) -> bool:
+        """True when `key` is committed and readable.  Does not count as an access."""
+        meta = self._objects.get(key)
+        return (
+            meta is not None
+            and meta.state is ObjectState.COMPLETE
+            and any(r.segment_id in self._segments for r in meta.replicas)
+        )
 
     def prefix_match(self, keys: Iterable[str], fingerprint: bytes = b"") -> int:
         """How many leading `keys` are readable (and of `fingerprint`, when given).
@@ -419,20 +536,14 @@ class ObjectTable:
             matched += 1
         return matched
 
-    def exists(self, key: str) -> bool:
-        """True when `key` is committed and readable.  Does not count as an access."""
-        meta = self._objects.get(key)
-        return (
-            meta is not None
-            and meta.state is ObjectState.COMPLETE
-            and any(r.segment_id in self._segments for r in meta.replicas)
-        )
-
     def get(self, key: str) -> ObjectMeta | None:
         return self._objects.get(key)
 
+    def objects(self) -> Iterable[ObjectMeta]:
+        return self._objects.values()
+
     def remove(self, key: str) -> None:
-        """Delete a committed object.  Extents under a read lease are freed when it ends.
+        """Delete a committed object (pinned or not).  Leased extents are freed later.
 
         Raises:
             ObjectNotFoundError: no committed object under `key`.
@@ -446,22 +557,21 @@ class ObjectTable:
         self._delete(meta, meta.lease_until_s)
         self.counters["removes"] += 1
 
-    # ---- time -----------------------------------------------------------------------------
+    # ---- time -------------------------------------------------------------------------------
 
     def tick(self) -> TickResult:
-        """Expire dead segments, reclaim zombie puts, run deferred frees, end restore grace."""
+        """Expire dead nodes, reclaim zombie puts, run deferred frees, end restore grace."""
         now = self._clock()
         result = TickResult()
         ttl = self.config.heartbeat_ttl_s
-        for seg in list(self._segments.values()):
-            if now - seg.last_heartbeat_s > ttl:
-                result.dead_segments.append(seg.info)
-                self.counters["segments_expired"] += 1
-                self._drop_segment(seg.segment_id, result)
+        for node_id, state in list(self._nodes.items()):
+            if now - state.last_heartbeat_s > ttl:
+                result.dead_nodes.append(state.info)
+                self.counters["nodes_expired"] += 1
+                self._drop_node(node_id, result)
         for key, deadline in list(self._pending.items()):
             if deadline <= now:
-                meta = self._objects[key]
-                self._delete(meta, 0.0)
+                self._delete(self._objects[key], 0.0)
                 result.reclaimed_puts.append(key)
                 self.counters["puts_reclaimed"] += 1
         while self._deferred and self._deferred[0][0] <= now:
@@ -469,12 +579,75 @@ class ObjectTable:
             owner = self._segments.get(segment_id)
             if owner is not None:
                 owner.allocator.free(offset)
+                self._note_release(owner, offset)
         if self._orphans and now - self._started_s > self.config.restore_grace_s:
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)
+        for key in result.deleted_keys:
+            self._dirty.pop(key, None)  # reported in the result, persisted by the caller
         return result
 
-    # ---- restore and stats ----------------------------------------------------------------
+    def take_dirty(self) -> Dirty:
+        """Objects to (re)write and keys to delete since the last call (drained)."""
+        out = Dirty()
+        for key, alive in self._dirty.items():
+            meta = self._objects.get(key)
+            if alive and meta is not None and meta.state is ObjectState.COMPLETE:
+                out.puts.append(meta)
+            elif meta is None:
+                out.deletes.append(key)
+        self._dirty.clear()
+        return out
+
+    def take_released(self) -> dict[int, list[int]]:
+        """Persistent-tier extents freed since the last call, per segment (drained)."""
+        out, self._released = self._released, {}
+        return out
+
+    # ---- movement between tiers (planned by tiering.py) --------------------------------------
+
+    def begin_move(self, key: str, src: Segment, dst: Segment) -> tuple[Replica, int] | None:
+        """Reserve an extent in `dst` for a copy of `key`'s replica in `src`; mark it moving.
+
+        Returns (source replica, destination offset), or None when `dst` has no room (or
+        already holds a replica of `key`).
+        """
+        meta = self._objects[key]
+        if any(r.segment_id == dst.segment_id for r in meta.replicas):
+            return None
+        source = next((r for r in meta.replicas if r.segment_id == src.segment_id), None)
+        offset = dst.allocator.allocate(meta.size_bytes) if source is not None else None
+        if source is None or offset is None:
+            return None
+        meta.moving = True
+        return source, offset
+
+    def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
+        """Swap the source replica for the copy (ok) or give the copy's extent back.
+
+        Returns True when the object now lives at the destination.
+        """
+        meta = self._objects.get(key)
+        live_dst = self._segments.get(dst.segment_id) is dst
+        valid = meta is not None and meta.moving and any(r is source for r in meta.replicas)
+        if meta is not None:
+            meta.moving = False
+        if not (ok and valid and live_dst):
+            if live_dst:
+                dst.allocator.free(offset)
+                self._note_release(dst, offset)
+            return False
+        assert meta is not None
+        meta.replicas = [r for r in meta.replicas if r is not source]
+        self._free(key, [source], meta.lease_until_s)  # readers of the source keep it a while
+        meta.replicas.append(Replica(dst.segment_id, offset))
+        dst.keys.add(key)
+        self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
+        meta.slow_reads = 0
+        self._dirty[key] = True
+        return True
+
+    # ---- restore and stats ------------------------------------------------------------------
 
     def restore(self, metas: Iterable[ObjectMeta]) -> int:
         """Load committed objects after a master restart; their segments must mount again."""
@@ -502,27 +675,35 @@ class ObjectTable:
             assert meta.key == key
             assert meta.replicas, f"{key!r} has no replicas"
             assert (key in self._pending) == (meta.state is ObjectState.PROCESSING)
+            assert len({r.segment_id for r in meta.replicas}) == len(meta.replicas)
             for r in meta.replicas:
                 seg = self._segments.get(r.segment_id)
                 if seg is None:
                     assert key in self._orphans.get(r.segment_id, ()), f"{key!r}: lost replica"
                 else:
-                    assert key in seg.keys
+                    assert key in seg.keys, f"{key!r} missing from segment keys"
                     assert seg.allocator._allocated.get(r.offset) == seg.allocator.aligned(
                         meta.size_bytes
                     )
         for seg in self._segments.values():
             seg.allocator.validate()
+            assert self._nodes[seg.node_id].info == seg.info.node
             for key in seg.keys:
                 meta = self._objects[key]
                 assert any(r.segment_id == seg.segment_id for r in meta.replicas)
 
-    # ---- internals ------------------------------------------------------------------------
+    # ---- internals --------------------------------------------------------------------------
 
-    def _any_allocator(self) -> ExtentAllocator:
-        return next(iter(self._segments.values())).allocator
+    def _note_release(self, seg: Segment, offset: int) -> None:
+        if seg.tier.persistent:
+            self._released.setdefault(seg.segment_id, []).append(offset)
 
-    def _release(self, key: str, replicas: Iterable[Replica], free_at_s: float) -> None:
+    def _release(self, seg: Segment, offset: int) -> None:
+        """Tell the node to forget an extent it reported but the master does not use."""
+        if seg.tier.persistent:
+            self._released.setdefault(seg.segment_id, []).append(offset)
+
+    def _free(self, key: str, replicas: Iterable[Replica], free_at_s: float) -> None:
         now = self._clock()
         for r in replicas:
             seg = self._segments.get(r.segment_id)
@@ -531,30 +712,60 @@ class ObjectTable:
                 if orphan_keys is not None:
                     orphan_keys.discard(key)
                 continue
-            seg.keys.discard(key)
+            if key in seg.keys:
+                seg.keys.discard(key)
+                self.policy.discard(key, r.segment_id)
             if free_at_s > now:
                 heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset))
             else:
                 seg.allocator.free(r.offset)
+                self._note_release(seg, r.offset)
+
+    def _lose_replica(self, meta: ObjectMeta, replica: Replica) -> None:
+        """Drop one replica of a committed object; delete the object if it was the last."""
+        meta.replicas = [r for r in meta.replicas if r is not replica]
+        self._free(meta.key, [replica], meta.lease_until_s)
+        self.counters["replicas_dropped"] += 1
+        if meta.replicas:
+            self._dirty[meta.key] = True
+        else:
+            del self._objects[meta.key]
+            self._pending.pop(meta.key, None)
+            self._dirty[meta.key] = False
 
     def _delete(self, meta: ObjectMeta, free_at_s: float) -> None:
-        self._release(meta.key, meta.replicas, free_at_s)
+        self._free(meta.key, meta.replicas, free_at_s)
         meta.replicas = []
         del self._objects[meta.key]
         self._pending.pop(meta.key, None)
+        self._dirty.pop(meta.key, None)
+
+    def _drop_node(self, node_id: str, result: TickResult) -> None:
+        state = self._nodes.pop(node_id, None)
+        for segment_id in state.segment_ids if state else ():
+            self._drop_segment(segment_id, result)
 
     def _drop_segment(self, segment_id: int, result: TickResult) -> None:
         seg = self._segments.pop(segment_id, None)
+        if seg is not None:
+            state = self._nodes.get(seg.node_id)
+            if state is not None and segment_id in state.segment_ids:
+                state.segment_ids.remove(segment_id)
         keys = seg.keys if seg is not None else self._orphans.pop(segment_id, set())
         for key in keys:
+            self.policy.discard(key, segment_id)
             meta = self._objects.get(key)
             if meta is None:
                 continue
             meta.replicas = [r for r in meta.replicas if r.segment_id != segment_id]
             self.counters["replicas_dropped"] += 1
-            if not meta.replicas:
-                committed = meta.state is not ObjectState.PROCESSING
-                del self._objects[key]
-                self._pending.pop(key, None)
-                if committed:
-                    result.deleted_keys.append(key)
+            if meta.replicas:
+                if meta.state is ObjectState.COMPLETE:
+                    self._dirty[key] = True
+                continue
+            committed = meta.state is not ObjectState.PROCESSING
+            del self._objects[key]
+            self._pending.pop(key, None)
+            if committed:
+                self._dirty.pop(key, None)
+                result.deleted_keys.append(key)

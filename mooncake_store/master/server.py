@@ -13,9 +13,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.eviction import make_policy
+from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.service import MasterServicer, add_to_server
+from mooncake_store.master.tiering import MoveTask, TierConfig, Tiering
 
 log = logging.getLogger("mooncake.master")
 
@@ -44,7 +47,29 @@ class MasterServer:
                 alignment=config.alignment_bytes,
             ),
             clock=time.time,
+            policy=make_policy(
+                config.eviction_policy,
+                **(
+                    {"depth_cost": config.eviction_depth_cost,
+                     "ghost_entries": config.eviction_ghost_entries}
+                    if config.eviction_policy == "weighted" else {}
+                ),
+            ),
+        )  # fmt: skip
+        self.tiering = Tiering(
+            self.table,
+            TierConfig(
+                dram_high_watermark=config.dram_high_watermark,
+                dram_low_watermark=config.dram_low_watermark,
+                nvme_high_watermark=config.nvme_high_watermark,
+                nvme_low_watermark=config.nvme_low_watermark,
+                promote_after_reads=config.promote_after_reads,
+                max_moves_per_tick=config.max_moves_per_tick,
+            ),
         )
+        self.mover = NodeMover(self.table, self.tiering)
+        self._servicer: MasterServicer | None = None
+        self._moving: asyncio.Task[None] | None = None
         self.port: int | None = None
         self._store: MetadataStore | None = None
         self._server: grpc.aio.Server | None = None
@@ -62,7 +87,8 @@ class MasterServer:
         if restored:
             log.info("restored %d committed objects from %s", restored, data_dir)
         server = grpc.aio.server(options=message_options(self.config.max_message_bytes))
-        add_to_server(MasterServicer(self.table, self._store, self.config), server)
+        self._servicer = MasterServicer(self.table, self._store, self.config, self.tiering)
+        add_to_server(self._servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"{self.config.host}:{self.config.port}"
@@ -91,6 +117,9 @@ class MasterServer:
                 await self._ticker
             except asyncio.CancelledError:
                 pass
+        if self._moving is not None:
+            await asyncio.gather(self._moving, return_exceptions=True)
+        await self.mover.close()
         if self._store is not None:
             await self._store.close()
         self._stopped.set()
@@ -99,37 +128,51 @@ class MasterServer:
         await self._stopped.wait()
 
     async def _tick_loop(self) -> None:
-        assert self._store is not None
+        assert self._store is not None and self._servicer is not None
         while True:
             await asyncio.sleep(self.config.tick_interval_s)
-            result = self.table.tick()
-            for info in result.dead_segments:
-                log.warning(
-                    "node %s missed heartbeats for %.1fs: segment %x dropped",
-                    info.node_id,
-                    self.config.heartbeat_ttl_s,
-                    info.segment_id,
-                )
-            if result.reclaimed_puts:
-                log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
-            if result.deleted_keys:
-                try:
-                    await self._store.write(deletes=result.deleted_keys)
-                except Exception:
-                    log.exception("persisting %d dropped objects failed", len(result.deleted_keys))
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("master tick failed")
+
+    async def _tick(self) -> None:
+        assert self._store is not None and self._servicer is not None
+        result = self.table.tick()
+        for info in result.dead_nodes:
+            log.warning("node %s missed heartbeats for %.1fs: dropped", info.node_id,
+                        self.config.heartbeat_ttl_s)  # fmt: skip
+        if result.reclaimed_puts:
+            log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
+        if result.deleted_keys:
+            await self._store.write(deletes=result.deleted_keys)
+        if self._moving is None or self._moving.done():
+            tasks = self.tiering.plan()
+            if tasks:
+                self._moving = asyncio.get_running_loop().create_task(self._move(tasks))
+        await self._servicer.persist_dirty()
+        released = self.table.take_released()
+        if released:
+            await self.mover.release(released)
+
+    async def _move(self, tasks: list[MoveTask]) -> None:
+        assert self._servicer is not None
+        await self.mover.run(tasks)
+        await self._servicer.persist_dirty()
 
 
 async def serve(config: MasterConfig) -> None:
     """Run a master until SIGTERM/SIGINT, then shut down gracefully."""
     server = MasterServer(config)
     port = await server.start()
-    print(
-        f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})", flush=True
-    )
+    # Handlers first: a SIGTERM right after the start-up line must still stop us cleanly.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    print(
+        f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})", flush=True
+    )
     await stop.wait()
     log.info("shutting down")
     await server.stop()

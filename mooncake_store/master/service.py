@@ -14,17 +14,18 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.common.errors import OK, MooncakeError, SegmentNotFoundError
+from mooncake_store.common.errors import (
+    OK,
+    InvalidArgumentError,
+    MooncakeError,
+    SegmentNotFoundError,
+)
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.master.config import MasterConfig
-from mooncake_store.master.object_table import (
-    ObjectMeta,
-    ObjectTable,
-    Replica,
-    Segment,
-    SegmentInfo,
-)
+from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
 from mooncake_store.master.persistence import MetadataStore
+from mooncake_store.master.segments import InventoryItem, NodeInfo, Segment, SegmentInfo, Tier
+from mooncake_store.master.tiering import Tiering
 
 log = logging.getLogger("mooncake.master")
 
@@ -38,24 +39,28 @@ def _status(exc: MooncakeError) -> pb.Status:
 def _location(
     seg: Segment, replica: Replica, size_bytes: int, expires_s: float, mode: GrantMode
 ) -> pb.ReplicaLocation:
-    info = seg.info
-    grant = Grant(info.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
+    node = seg.info.node
+    grant = Grant(seg.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
     return pb.ReplicaLocation(
-        node_id=info.node_id,
-        segment_id=info.segment_id,
-        endpoint=info.endpoint,
-        shm_socket=info.shm_socket,
+        node_id=node.node_id,
+        segment_id=seg.segment_id,
+        endpoint=node.endpoint,
+        shm_socket=node.shm_socket if seg.tier is Tier.DRAM else "",
         offset=replica.offset,
         size_bytes=size_bytes,
-        grant=sign_grant(info.secret, grant),
+        grant=sign_grant(node.secret, grant),
+        tier=seg.tier.value,
     )
 
 
 class MasterServicer(pb_grpc.MasterServiceServicer):
-    def __init__(self, table: ObjectTable, store: MetadataStore, config: MasterConfig) -> None:
+    def __init__(
+        self, table: ObjectTable, store: MetadataStore, config: MasterConfig, tiering: Tiering
+    ) -> None:
         self.table = table
         self.store = store
         self.config = config
+        self.tiering = tiering
 
     # ---- puts -----------------------------------------------------------------------------
 
@@ -68,6 +73,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 fingerprint=item.fingerprint,
                 parent_key=item.parent_key,
                 tag=item.tag,
+                pin_ttl_s=item.pin_ttl_s if item.pin else None,
             )
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
@@ -82,12 +88,17 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
 
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
-        return self._put_start(request)
+        return (await self._put_start_batch([request]))[0]
+
+    async def _put_start_batch(self, items: list[pb.PutStartItem]) -> list[pb.PutStartResult]:
+        results = [self._put_start(i) for i in items]
+        await self.persist_dirty()  # evicted blocks are gone for good before their space is reused
+        return results
 
     async def BatchPutStart(
         self, request: pb.BatchPutStartRequest, context: object
     ) -> pb.BatchPutStartResponse:
-        return pb.BatchPutStartResponse(results=[self._put_start(i) for i in request.items])
+        return pb.BatchPutStartResponse(results=await self._put_start_batch(list(request.items)))
 
     async def _put_end(self, items: list[pb.PutEndItem]) -> list[pb.PutEndResult]:
         results: list[pb.PutEndResult | None] = []
@@ -217,24 +228,39 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def MountSegment(
         self, request: pb.MountSegmentRequest, context: object
     ) -> pb.MountSegmentResponse:
-        info = SegmentInfo(
-            node_id=request.node_id,
-            segment_id=request.segment_id,
-            endpoint=request.endpoint,
-            shm_socket=request.shm_socket,
-            size_bytes=request.size_bytes,
-            secret=bytes(request.secret),
-            tier=request.tier or "DRAM",
-        )
-        known = self.table.segment(info.segment_id) is not None
-        self.table.mount(info)
-        if not known:
+        try:
+            node = NodeInfo(
+                node_id=request.node_id,
+                incarnation=request.incarnation,
+                endpoint=request.endpoint,
+                shm_socket=request.shm_socket,
+                control_endpoint=request.control_endpoint,
+                secret=bytes(request.secret),
+            )
+            segments = [
+                (
+                    SegmentInfo(node, spec.segment_id, Tier(spec.tier or "DRAM"), spec.size_bytes),
+                    [
+                        InventoryItem(i.key, i.offset, i.size_bytes, i.checksum,
+                                      bytes(i.fingerprint), i.parent_key, bytes(i.tag))
+                        for i in spec.inventory
+                    ] if Tier(spec.tier or "DRAM").persistent else None,
+                )
+                for spec in request.segments
+            ]  # fmt: skip
+        except ValueError as exc:
+            return pb.MountSegmentResponse(status=_status(InvalidArgumentError(str(exc))))
+        known = self.table.node(node.node_id)
+        fresh = known is None or known.info.incarnation != node.incarnation
+        self.table.mount(node, segments)
+        await self.persist_dirty()
+        if fresh:
             log.info(
-                "mounted segment %x of node %s (%d bytes) at %s",
-                info.segment_id,
-                info.node_id,
-                info.size_bytes,
-                info.endpoint,
+                "mounted node %s (incarnation %x) at %s: %s",
+                node.node_id,
+                node.incarnation,
+                node.endpoint,
+                ", ".join(f"{i.tier.value} {i.size_bytes} bytes" for i, _ in segments),
             )
         return pb.MountSegmentResponse(
             status=_OK, heartbeat_interval_s=self.config.heartbeat_interval_s
@@ -243,20 +269,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: object
     ) -> pb.HeartbeatResponse:
-        if self.table.heartbeat(request.node_id, request.segment_id):
+        if self.table.heartbeat(request.node_id, request.incarnation):
             return pb.HeartbeatResponse(status=_OK)
-        exc = SegmentNotFoundError(f"segment {request.segment_id:x} is not mounted; mount again")
+        exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=_status(exc))
 
     async def UnmountSegment(self, request: pb.UnmountSegmentRequest, context: object) -> pb.Status:
-        deleted = self.table.unmount(request.node_id, request.segment_id)
-        log.info(
-            "unmounted segment %x of node %s (%d objects lost)",
-            request.segment_id,
-            request.node_id,
-            len(deleted),
-        )
+        deleted = self.table.unmount(request.node_id, request.incarnation)
+        log.info("unmounted node %s (%d objects lost)", request.node_id, len(deleted))
         await self.store.write(deletes=deleted)
+        await self.persist_dirty()
         return _OK
 
     async def ListNodes(
@@ -268,20 +290,27 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 pb.NodeInfo(
                     node_id=s.node_id,
                     segment_id=s.segment_id,
-                    endpoint=s.info.endpoint,
-                    tier=s.info.tier,
+                    endpoint=s.info.node.endpoint,
+                    tier=s.tier.value,
                     size_bytes=s.allocator.capacity_bytes,
                     used_bytes=s.allocator.used_bytes,
                     objects=len(s.keys),
-                    last_heartbeat_age_s=max(0.0, now - s.last_heartbeat_s),
+                    last_heartbeat_age_s=max(0.0, now - self.table.last_heartbeat(s.node_id)),
                 )
                 for s in self.table.segments()
             ]
         )
 
+    async def persist_dirty(self) -> None:
+        """Write what evictions, moves and adoptions changed (durable before replies)."""
+        dirty = self.table.take_dirty()
+        if dirty.puts or dirty.deletes:
+            await self.store.write(puts=dirty.puts, deletes=dirty.deletes)
+
     async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:
         segments = self.table.segments()
         counters = dict(self.table.counters)
+        counters.update(self.tiering.counters)
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
         return pb.StatsResponse(
@@ -291,7 +320,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             nodes=len({s.node_id for s in segments}),
             capacity_bytes=sum(s.allocator.capacity_bytes for s in segments),
             used_bytes=sum(s.allocator.used_bytes for s in segments),
-            max_object_bytes=max((s.allocator.capacity_bytes for s in segments), default=0),
+            max_object_bytes=max(
+                (s.allocator.capacity_bytes for s in segments if s.tier is Tier.DRAM), default=0
+            ),
             counters=counters,
         )
 

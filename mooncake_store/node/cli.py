@@ -13,8 +13,18 @@ from mooncake_store.node.server import serve
 @click.option("--master", default=None, help="Master address host:port [127.0.0.1:50051].")
 @click.option("--host", default=None, help="Address to bind and advertise [127.0.0.1].")
 @click.option("--port", type=int, default=None, help="TCP data port; 0 picks a free one [0].")
-@click.option("--health-port", type=int, default=None, help="gRPC health port [0].")
+@click.option(
+    "--control-port", type=int, default=None,
+    help="gRPC port of the health and control services [0].",
+)  # fmt: skip
 @click.option("--dram", "dram_bytes", default=None, help="DRAM pool size, e.g. 1GiB [1GiB].")
+@click.option("--nvme-dir", default=None, help="Directory of the NVMe tier (off when unset).")
+@click.option("--nvme", "nvme_bytes", default=None, help="NVMe tier size, e.g. 64GiB.")
+@click.option("--io-threads", type=int, default=None, help="NVMe I/O queue depth [2].")
+@click.option(
+    "--gpu-bytes", default=None,
+    help="GPU tier size (needs a CUDA GPU and the [gpu] extra) [0: off].",
+)  # fmt: skip
 @click.option("--node-id", default=None, help="Stable node name [hostname:port].")
 @click.option(
     "--config",

@@ -13,13 +13,17 @@ class NodeConfig:
     master: str = "127.0.0.1:50051"
     host: str = "127.0.0.1"
     port: int = 0
-    health_port: int = 0
+    control_port: int = 0
     dram_bytes: int = size_field(1024**3)
+    nvme_dir: str = ""
+    nvme_bytes: int = size_field(0)
+    io_threads: int = 2
+    gpu_bytes: int = size_field(0)
     node_id: str = ""
     mount_timeout_s: float = duration_field(5.0)
 
     def __post_init__(self) -> None:
-        for name in ("port", "health_port"):
+        for name in ("port", "control_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise InvalidArgumentError(
@@ -29,5 +33,14 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"dram_bytes must be at least 1MiB, got {self.dram_bytes}: pass e.g. --dram 1GiB"
             )
+        if self.nvme_bytes and not self.nvme_dir:
+            raise InvalidArgumentError("nvme_bytes needs nvme_dir: pass --nvme-dir DIR")
+        if self.nvme_dir and self.nvme_bytes < 1024 * 1024:
+            raise InvalidArgumentError(
+                f"nvme_bytes must be at least 1MiB with an NVMe tier, got {self.nvme_bytes}: "
+                "pass e.g. --nvme 64GiB"
+            )
+        if self.io_threads < 1:
+            raise InvalidArgumentError(f"io_threads must be >= 1, got {self.io_threads}")
         if ":" not in self.master:
             raise InvalidArgumentError(f"master must be host:port, got {self.master!r}")

@@ -1,21 +1,25 @@
-"""The node's TCP data path: framed READ/WRITE straight between sockets and the pool.
+"""The node's TCP data path: framed READ/WRITE straight between sockets and the tiers.
 
-Each connection is an asyncio BufferedProtocol whose `get_buffer` hands out a slice of the pool
-itself for WRITE payloads, so the kernel copies bytes directly into place (no intermediate
-buffer); READ replies write a memoryview of the pool.  Every access is checked against a grant
-signed by the master (segment, extent, mode, expiry) before a byte moves.  See common/wire.py for
-the framing.
+Each connection is an asyncio BufferedProtocol.  For a DRAM segment, `get_buffer` hands out a
+slice of the pool itself for WRITE payloads, so the kernel copies bytes directly into place,
+and READ replies write a memoryview of the pool.  An NVMe segment is read (O_DIRECT, on the
+I/O thread pool) into a page-aligned staging buffer that is then sent; clients never write to
+NVMe (blocks get there by demotion).  Every access is checked against a grant signed by the
+master (segment, extent, mode, expiry) before a byte moves.  See common/wire.py for the framing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import time
+from concurrent.futures import Executor
 
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError
 from mooncake_store.common.grant import GrantMode, verify_grant
 from mooncake_store.common.wire import MAGIC, REQUEST, Op, pack_response
+from mooncake_store.node.nvme import NvmeTier, aligned
 
 log = logging.getLogger("mooncake.node")
 
@@ -23,33 +27,43 @@ _MAX_GRANT_BYTES = 256
 
 
 class DataAccess:
-    """The pool plus what the node needs to check grants against it."""
+    """The node's segments plus what it needs to check grants against them."""
 
-    def __init__(self, view: memoryview, segment_id: int, secret: bytes) -> None:
-        self.view = view
-        self.segment_id = segment_id
+    def __init__(self, secret: bytes, io_executor: Executor) -> None:
         self.secret = secret
+        self.io_executor = io_executor
+        self.dram: dict[int, memoryview] = {}
+        self.nvme: dict[int, NvmeTier] = {}
         self.reads = 0
         self.writes = 0
         self.denied = 0
 
-    def check(self, grant_blob: bytes, offset: int, size_bytes: int, mode: GrantMode) -> None:
-        """Raise AccessDeniedError unless the grant allows this access now."""
+    def size_of(self, segment_id: int) -> int:
+        if segment_id in self.dram:
+            return len(self.dram[segment_id])
+        return self.nvme[segment_id].size_bytes
+
+    def check(self, grant_blob: bytes, offset: int, size_bytes: int, mode: GrantMode) -> int:
+        """Return the granted segment id, or raise AccessDeniedError."""
         grant = verify_grant(self.secret, grant_blob)
         problem = None
         if grant is None:
             problem = "grant signature is invalid (not issued by this node's master)"
-        elif grant.segment_id != self.segment_id:
-            problem = f"grant is for segment {grant.segment_id:x}, this is {self.segment_id:x}"
+        elif grant.segment_id not in self.dram and grant.segment_id not in self.nvme:
+            problem = f"grant is for segment {grant.segment_id:x}, which this node does not hold"
         elif grant.expires_ms < time.time() * 1000:
             problem = "grant expired (put timed out or read lease ended); ask the master again"
         elif not grant.covers(offset, size_bytes, mode):
             problem = f"{mode.name} of [{offset}, +{size_bytes}) is outside the granted extent"
-        elif offset + size_bytes > len(self.view):
-            problem = "extent lies beyond the end of the pool"
+        elif offset + size_bytes > self.size_of(grant.segment_id):
+            problem = "extent lies beyond the end of the segment"
+        elif mode is GrantMode.WRITE and grant.segment_id in self.nvme:
+            problem = "the NVMe tier is not written by clients"
         if problem is not None:
             self.denied += 1
             raise AccessDeniedError(problem)
+        assert grant is not None
+        return grant.segment_id
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -65,12 +79,14 @@ class _Connection(asyncio.BufferedProtocol):
         self._offset = 0
         self._size = 0
         self._grant_len = 0
+        self._staging: tuple[NvmeTier, mmap.mmap] | None = None  # the last NVMe reply's buffer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._drop_staging()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._target[self._filled :]
@@ -106,19 +122,57 @@ class _Connection(asyncio.BufferedProtocol):
     def _dispatch(self) -> None:
         grant = bytes(self._grant[: self._grant_len])
         op, offset, size = self._op, self._offset, self._size
+        # The client reads a reply completely before its next request, so the previous
+        # NVMe staging buffer is no longer referenced by the transport.
+        self._drop_staging()
         if op is Op.PING:
             self._reply(OK, b"")
             self._expect("header", memoryview(self._header))
         elif op is Op.READ:
-            self.access.check(grant, offset, size, GrantMode.READ)
+            segment_id = self.access.check(grant, offset, size, GrantMode.READ)
+            if segment_id in self.access.nvme:
+                self._stage = "busy"
+                assert self.transport is not None
+                self.transport.pause_reading()
+                tier = self.access.nvme[segment_id]
+                asyncio.get_running_loop().create_task(self._read_nvme(tier, offset, size))
+                return
             assert self.transport is not None
+            view = self.access.dram[segment_id]
             self.transport.write(pack_response(OK, size))
-            self.transport.write(self.access.view[offset : offset + size])
+            self.transport.write(view[offset : offset + size])
             self.access.reads += 1
             self._expect("header", memoryview(self._header))
         else:
-            self.access.check(grant, offset, size, GrantMode.WRITE)
-            self._expect("payload", self.access.view[offset : offset + size])
+            segment_id = self.access.check(grant, offset, size, GrantMode.WRITE)
+            view = self.access.dram[segment_id]
+            self._expect("payload", view[offset : offset + size])
+
+    async def _read_nvme(self, tier: NvmeTier, offset: int, size: int) -> None:
+        buf = tier.staging.take(size)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                self.access.io_executor, tier.read, memoryview(buf)[: aligned(size)], offset
+            )
+        except (OSError, ValueError) as exc:
+            tier.staging.give(buf)
+            self._reply(DataPathError.code, f"NVMe read failed: {exc}".encode())
+        else:
+            self._staging = (tier, buf)
+            if self.transport is not None:
+                self.transport.write(pack_response(OK, size))
+                self.transport.write(memoryview(buf)[:size])
+            self.access.reads += 1
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self._expect("header", memoryview(self._header))
+
+    def _drop_staging(self) -> None:
+        if self._staging is not None:
+            tier, buf = self._staging
+            tier.staging.give(buf)
+            self._staging = None
 
     def _reply(self, status: int, message: bytes) -> None:
         if self.transport is not None:

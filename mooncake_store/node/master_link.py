@@ -2,15 +2,16 @@
 
 Heartbeats run on their own thread with a blocking gRPC channel, so a busy event loop (a burst
 of large transfers) cannot starve them and get a live node declared dead.  When the master does
-not know the segment (it restarted, or it declared the node dead after a stall), the thread
-mounts it again with the same segment id, which lets a restarted master rebuild its allocator
-from the committed replicas it reloaded.
+not know the node (it restarted, or it declared the node dead after a stall), the thread mounts
+again with the same incarnation and a fresh inventory of the persistent tiers, which lets a
+restarted master rebuild its allocators from the replicas it reloaded.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -22,10 +23,16 @@ log = logging.getLogger("mooncake.node")
 
 
 class MasterLink:
-    def __init__(self, master: str, mount: pb.MountSegmentRequest) -> None:
+    def __init__(self, master: str, build_mount: Callable[[], pb.MountSegmentRequest]) -> None:
         self.master = master
-        self._mount_request = mount
-        self._channel = grpc.insecure_channel(master)
+        self._build_mount = build_mount
+        first = build_mount()
+        self.node_id = first.node_id
+        self.incarnation = first.incarnation
+        self._channel = grpc.insecure_channel(master, options=[
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ])  # fmt: skip
         self._stub = pb_grpc.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -34,10 +41,10 @@ class MasterLink:
         self.heartbeats = 0
 
     def mount(self, timeout_s: float) -> bool:
-        """Mount the segment; False (and a log line) when the master is unreachable."""
+        """Mount the node's segments; False (and a log line) when the master is unreachable."""
         try:
             reply = self._stub.MountSegment(
-                self._mount_request, timeout=timeout_s, wait_for_ready=True
+                self._build_mount(), timeout=timeout_s, wait_for_ready=True
             )
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s", self.master, exc.code().name)
@@ -59,9 +66,7 @@ class MasterLink:
             if not self.mounted.is_set():
                 self.mount(timeout_s=max(self.interval_s, 1.0))
                 continue
-            request = pb.HeartbeatRequest(
-                node_id=self._mount_request.node_id, segment_id=self._mount_request.segment_id
-            )
+            request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
                 reply = self._stub.Heartbeat(request, timeout=max(self.interval_s, 1.0))
             except grpc.RpcError as exc:
@@ -78,9 +83,7 @@ class MasterLink:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if unmount and self.mounted.is_set():
-            request = pb.UnmountSegmentRequest(
-                node_id=self._mount_request.node_id, segment_id=self._mount_request.segment_id
-            )
+            request = pb.UnmountSegmentRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
                 self._stub.UnmountSegment(request, timeout=2)
             except grpc.RpcError as exc:

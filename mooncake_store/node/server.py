@@ -1,4 +1,4 @@
-"""The store node daemon's lifecycle: pool, data server, shm hand-off, health, master link."""
+"""The store node daemon's lifecycle: tiers, data server, shm hand-off, control, master link."""
 
 from __future__ import annotations
 
@@ -7,36 +7,59 @@ import logging
 import os
 import signal
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
+from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.master_link import MasterLink
+from mooncake_store.node.nvme import NvmeTier
 from mooncake_store.node.pool import SharedPool
 from mooncake_store.node.shm_server import ShmServer
 
 log = logging.getLogger("mooncake.node")
 
 
+def _random_id() -> int:
+    return int.from_bytes(os.urandom(8), "little") or 1
+
+
 class StoreNode:
     """A running store node.  `start()` binds, mounts on the master and returns the data port."""
 
     def __init__(self, config: NodeConfig) -> None:
+        if config.gpu_bytes and gpu_count() == 0:
+            raise InvalidArgumentError(
+                "--gpu-bytes needs a CUDA GPU and cupy (pip install 'mooncake-store[gpu]'); "
+                "none is usable on this machine: start the node without --gpu-bytes"
+            )
+        if config.gpu_bytes:
+            raise InvalidArgumentError(
+                "the GPU tier is not available in this build yet: start without --gpu-bytes"
+            )
         self.config = config
-        self.segment_id = int.from_bytes(os.urandom(8), "little") or 1
+        self.incarnation = _random_id()
+        self.segment_id = _random_id()  # the DRAM segment: new with every process
         self.secret = os.urandom(32)
         self.pool: SharedPool | None = None
+        self.nvme: NvmeTier | None = None
         self.access: DataAccess | None = None
         self.port: int | None = None
-        self.health_port: int | None = None
+        self.control_port: int | None = None
         self.node_id = config.node_id
+        self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="nvme-io")
         self._data_server: asyncio.Server | None = None
         self._shm: ShmServer | None = None
-        self._health_server: grpc.aio.Server | None = None
+        self._shm_name = ""
+        self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._link: MasterLink | None = None
         self._tracker: asyncio.Task[None] | None = None
@@ -46,41 +69,76 @@ class StoreNode:
             return self.port
         cfg = self.config
         loop = asyncio.get_running_loop()
-        # Pre-faulting a large pool takes a while: keep the loop responsive meanwhile.
+        # Pre-faulting a large pool and verifying NVMe blocks take a while: off the loop.
         self.pool = await loop.run_in_executor(None, SharedPool, cfg.dram_bytes)
-        self.access = DataAccess(self.pool.view, self.segment_id, self.secret)
+        self.access = DataAccess(self.secret, self._io)
+        self.access.dram[self.segment_id] = self.pool.view
+        inventory_note = ""
+        if cfg.nvme_dir:
+            self.nvme = await loop.run_in_executor(None, NvmeTier, cfg.nvme_dir, cfg.nvme_bytes)
+            blocks = await loop.run_in_executor(None, self.nvme.load)
+            self.access.nvme[self.nvme.segment_id] = self.nvme
+            mode = "O_DIRECT" if self.nvme.direct else "buffered"
+            inventory_note = f", {format_size(cfg.nvme_bytes)} NVMe ({mode}, {len(blocks)} blocks)"
         self._data_server = await start_data_server(self.access, cfg.host, cfg.port)
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
-        shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
-        self._shm = ShmServer(shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes)
+        self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
+        self._shm = ShmServer(self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes)
         self._shm.start()
 
-        self._health_server = grpc.aio.server()
+        self._grpc = grpc.aio.server()
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
-        self.health_port = self._health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
-        await self._health_server.start()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        control = NodeControl(self.access.dram, self.access.nvme, self._io)
+        pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
+        self.control_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
+        await self._grpc.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-
-        mount = pb.MountSegmentRequest(
-            node_id=self.node_id,
-            segment_id=self.segment_id,
-            endpoint=f"{cfg.host}:{self.port}",
-            shm_socket=shm_name,
-            size_bytes=cfg.dram_bytes,
-            secret=self.secret,
-            tier="DRAM",
+        self.description = (
+            f"{format_size(cfg.dram_bytes)} DRAM{inventory_note}: data {cfg.host}:{self.port}, "
+            f"control {cfg.host}:{self.control_port}"
         )
-        self._link = MasterLink(cfg.master, mount)
+
+        self._link = MasterLink(cfg.master, self._mount_request)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             log.warning("master %s unreachable; will keep trying to mount", cfg.master)
         self._link.start()
         self._tracker = loop.create_task(self._track_mount())
         return self.port
 
+    def _mount_request(self) -> pb.MountSegmentRequest:
+        """What the node mounts: its DRAM segment, and its NVMe segment with the inventory."""
+        cfg = self.config
+        segments = [pb.SegmentSpec(segment_id=self.segment_id, tier="DRAM",
+                                   size_bytes=cfg.dram_bytes)]  # fmt: skip
+        if self.nvme is not None:
+            inventory = [
+                pb.InventoryItem(key=b.key, offset=b.offset, size_bytes=b.size_bytes,
+                                 checksum=b.checksum, fingerprint=b.fingerprint,
+                                 parent_key=b.parent_key, tag=b.tag)
+                for b in self.nvme.load_index()
+            ]  # fmt: skip
+            segments.append(
+                pb.SegmentSpec(
+                    segment_id=self.nvme.segment_id,
+                    tier="NVME",
+                    size_bytes=self.nvme.size_bytes,
+                    inventory=inventory,
+                )
+            )
+        return pb.MountSegmentRequest(
+            node_id=self.node_id,
+            incarnation=self.incarnation,
+            endpoint=f"{cfg.host}:{self.port}",
+            shm_socket=self._shm_name,
+            control_endpoint=f"{cfg.host}:{self.control_port}",
+            secret=self.secret,
+            segments=segments,
+        )
+
     async def _track_mount(self) -> None:
-        """Report SERVING on the health service once (and while) the segment is mounted."""
+        """Report SERVING on the health service once (and while) the node is mounted."""
         serving = None
         while self._link is not None and self._health is not None:
             now = self._link.mounted.is_set()
@@ -95,7 +153,7 @@ class StoreNode:
             await asyncio.sleep(0.2)
 
     async def stop(self, *, unmount: bool = True) -> None:
-        """Unmount from the master, stop serving, release the pool (idempotent)."""
+        """Unmount from the master, stop serving, release the tiers (idempotent)."""
         loop = asyncio.get_running_loop()
         link, self._link = self._link, None
         if self._tracker is not None:
@@ -103,9 +161,9 @@ class StoreNode:
             self._tracker = None
         if link is not None:
             await loop.run_in_executor(None, lambda: link.stop(unmount=unmount))
-        if self._health_server is not None:
-            await self._health_server.stop(0.5)
-            self._health_server = None
+        if self._grpc is not None:
+            await self._grpc.stop(0.5)
+            self._grpc = None
         if self._shm is not None:
             self._shm.close()
             self._shm = None
@@ -113,6 +171,10 @@ class StoreNode:
             self._data_server.close()
             await self._data_server.wait_closed()
             self._data_server = None
+        self._io.shutdown(wait=True)
+        if self.nvme is not None:
+            self.nvme.close()
+            self.nvme = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -121,17 +183,16 @@ class StoreNode:
 async def serve(config: NodeConfig) -> None:
     """Run a store node until SIGTERM/SIGINT, then unmount and shut down gracefully."""
     node = StoreNode(config)
-    port = await node.start()
-    print(
-        f"mooncake-store node {node.node_id} serving {format_size(config.dram_bytes)} DRAM: "
-        f"data {config.host}:{port}, health {config.host}:{node.health_port}, "
-        f"master {config.master}",
-        flush=True,
-    )
+    await node.start()
+    # Handlers first: a SIGTERM right after the start-up line must still stop us cleanly.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    print(
+        f"mooncake-store node {node.node_id} serving {node.description}, master {config.master}",
+        flush=True,
+    )
     await stop.wait()
     log.info("shutting down")
     await node.stop()

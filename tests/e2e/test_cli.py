@@ -70,7 +70,7 @@ def test_daemons_start_serve_and_stop_on_sigterm(tmp_path):
         )
         line = node.stdout.readline()
         n = re.search(
-            r"node cli-node serving 8\.0 MiB DRAM: data \S+, health 127\.0\.0\.1:(\d+)", line
+            r"node cli-node serving 8\.0 MiB DRAM: data \S+, control 127\.0\.0\.1:(\d+)", line
         )
         assert n, line
         wait_until(

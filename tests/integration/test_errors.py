@@ -99,18 +99,23 @@ def test_get_into_buffer_checks(store):
         store.get_into("sized", "not a buffer")
 
 
-def test_full_pool_is_no_space_and_frees_on_remove(store):
-    keys = []
-    with pytest.raises(NoSpaceError, match="free bytes"):
-        for i in range(10):
-            store.put(f"fill/{i}", bytes(4 << 20))
-            keys.append(f"fill/{i}")
-    assert 1 <= len(keys) <= 4
+def test_full_pool_evicts_and_is_no_space_only_when_everything_is_pinned(store):
+    block = bytes(4 << 20)
+    for i in range(10):  # 40 MiB through a 16 MiB pool: older blocks make room
+        store.put(f"fill/{i}", block)
+    kept = store.exists_many([f"fill/{i}" for i in range(10)])
+    assert kept[-1] and not all(kept)
+    assert store.stats().counters["evictions"] >= 6
+    pinned = bytes((4 << 20) - (64 << 10))  # four fill the pool but for 256 KiB
+    for i in range(4):
+        store.put(f"pinned/{i}", pinned, pin=True)
+    with pytest.raises(NoSpaceError, match="nothing can be evicted"):
+        store.put("one-too-many", bytes(1 << 20))
     assert store.stats().processing == 0
-    store.remove_many(keys)
-    store.put("after-full", bytes(4 << 20))
-    assert store.get("after-full") == bytes(4 << 20)
-    store.remove("after-full")
+    assert all(store.exists_many([f"pinned/{i}" for i in range(4)]))
+    store.remove_many([f"pinned/{i}" for i in range(4)])
+    store.put("after-full", block)
+    assert store.get("after-full") == block
 
 
 def _free_port() -> int:

@@ -17,9 +17,9 @@ from mooncake_store.master.object_table import (
     ObjectState,
     ObjectTable,
     Replica,
-    SegmentInfo,
     TableConfig,
 )
+from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 
 MiB = 1 << 20
 
@@ -32,10 +32,17 @@ class Clock:
         return self.now
 
 
-def seg(node: str, segment_id: int, size: int = 16 * MiB) -> SegmentInfo:
-    return SegmentInfo(
-        node, segment_id, f"127.0.0.1:{segment_id}", f"shm-{segment_id}", size, b"k" * 32
-    )
+def node_info(name: str, incarnation: int = 1) -> NodeInfo:
+    return NodeInfo(name, incarnation, f"{name}:data", f"shm-{name}", f"{name}:control", b"k" * 32)
+
+
+def mount(table, name: str, segment_id: int, size: int = 16 * MiB, *, incarnation: int = 1,
+          tier: Tier = Tier.DRAM, inventory=None, more=()):  # fmt: skip
+    node = node_info(name, incarnation)
+    specs = [(SegmentInfo(node, segment_id, tier, size), inventory)]
+    specs += [(SegmentInfo(node, sid, t, sz), inv) for sid, t, sz, inv in more]
+    table.mount(node, specs)
+    return node
 
 
 @pytest.fixture
@@ -50,7 +57,7 @@ def table(clock):
         clock=clock,
     )
     for i in range(3):
-        t.mount(seg(f"node-{i}", 100 + i))
+        mount(t, f"node-{i}", 100 + i)
     yield t
     t.validate()
 
@@ -64,7 +71,7 @@ def commit(table, key, size=MiB, replicas=1, checksum=42):
 
 def beat(table):
     for s in table.segments():
-        assert table.heartbeat(s.node_id, s.segment_id)
+        assert table.heartbeat(s.node_id, table.node(s.node_id).info.incarnation)
 
 
 def used(table):
@@ -177,33 +184,34 @@ def test_dead_node_loses_its_replicas(table, clock):
     clock.now += 6
     for s in table.segments():  # every node but the solo one heartbeats
         if s.segment_id != solo_seg:
-            assert table.heartbeat(s.node_id, s.segment_id)
+            assert table.heartbeat(s.node_id, 1)
     clock.now += 6
     result = table.tick()
-    assert [i.segment_id for i in result.dead_segments] == [solo_seg]
+    assert [i.node_id for i in result.dead_nodes] == [solo.placements[0][0].node_id]
     assert "solo" in result.deleted_keys and table.get("solo") is None
     two_segs = {r.segment_id for _, r in out.placements}
     if solo_seg in two_segs:
         assert len(table.get("two").replicas) == 1
     assert table.exists("two")
-    assert not table.heartbeat("node-x", solo_seg)
+    assert not table.heartbeat("node-x", 1)
+    assert not table.heartbeat(solo.placements[0][0].node_id, 1)  # dead: must mount again
 
 
 def test_restarted_node_replaces_its_old_segment(table):
     out = commit(table, "k", replicas=3)
     assert len(out.placements) == 3
-    table.mount(seg("node-0", 999))
+    mount(table, "node-0", 999, incarnation=2)  # the node restarted
     assert len(table.get("k").replicas) == 2
     assert 100 not in {s.segment_id for s in table.segments()}
-    table.mount(seg("node-0", 999))  # idempotent
+    mount(table, "node-0", 999, incarnation=2)  # idempotent
     assert len(table.segments()) == 3
 
 
 def test_unmount_returns_deleted_keys(table):
     out = commit(table, "k")
     segment = out.placements[0][0]
-    assert table.unmount(segment.node_id, segment.segment_id) == ["k"]
-    assert table.unmount(segment.node_id, segment.segment_id) == []
+    assert table.unmount(segment.node_id, 1) == ["k"]
+    assert table.unmount(segment.node_id, 1) == []
 
 
 def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
@@ -219,7 +227,7 @@ def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
     with pytest.raises(ReplicaUnavailableError):
         t.get_replicas("a")
     assert not t.exists("a")
-    t.mount(seg("node-0", 100))
+    mount(t, "node-0", 100)
     t.validate()
     assert t.exists("a") and t.exists("b") and not t.exists("c")
     s100 = t.segment(100)
@@ -251,22 +259,40 @@ def test_bad_input(table):
         table.put_start("k", 17 * MiB)
 
 
-def test_no_space(clock):
+def test_full_pool_evicts_and_fails_only_when_nothing_is_evictable(clock):
     t = ObjectTable(TableConfig(), clock=clock)
     with pytest.raises(NoSpaceError, match="no store node is mounted"):
         t.put_start("k", 1)
-    t.mount(seg("n", 1, size=4 * MiB))
+    mount(t, "n", 1, size=4 * MiB)
     for i in range(4):
         commit(t, f"k{i}")
-    with pytest.raises(NoSpaceError, match="contiguous free bytes"):
-        t.put_start("full", 1)
-    t.get_replicas("k1")
-    t.remove("k1")  # leased: its extent is freed only when the lease ends
-    with pytest.raises(NoSpaceError, match="1048576 bytes are freed when their read leases end"):
-        t.put_start("full", 1)
-    t.remove("k0")
-    commit(t, "full")
+    commit(t, "k4")  # full: the least recently used block makes room
+    assert t.get("k0") is None and t.exists("k4")
+    assert t.take_dirty().deletes == ["k0"]
+    assert t.counters["evictions"] == 1
+    t.get_replicas("k1")  # leased for 5 s
+    for key in ("k2", "k3", "k4"):
+        assert t.put_start(key, MiB, pin_ttl_s=0).already_exists  # pinned until removed
+    with pytest.raises(NoSpaceError, match="nothing can be evicted"):
+        t.put_start("k5", MiB)
+    clock.now += 6  # the lease ends
+    commit(t, "k5")
+    assert t.get("k1") is None and all(t.exists(k) for k in ("k2", "k3", "k4", "k5"))
+    t.remove("k2")  # a pinned object can still be removed on purpose
     t.validate()
+
+
+def test_pin_ttl_expires(clock):
+    t = ObjectTable(TableConfig(), clock=clock)
+    mount(t, "n", 1, size=2 * MiB)
+    commit(t, "a")
+    t.put_start("a", MiB, pin_ttl_s=10)
+    commit(t, "b")
+    with pytest.raises(NoSpaceError):
+        t.put_start("c", 2 * MiB)  # needs the whole pool, and "a" is pinned for 10 s
+    clock.now += 11
+    commit(t, "c", size=2 * MiB)
+    assert t.get("a") is None and t.get("b") is None and t.exists("c")
 
 
 def test_identity_metadata_prefix_match(table):

@@ -1,0 +1,20 @@
+"""GPU detection that never raises: cupy is an optional extra, imported only when asked."""
+
+from __future__ import annotations
+
+import os
+
+
+def gpu_count() -> int:
+    """CUDA devices usable through cupy; 0 without cupy, without a driver, or when disabled
+    with MOONCAKE_DISABLE_GPU=1."""
+    if os.environ.get("MOONCAKE_DISABLE_GPU") == "1":
+        return 0
+    try:
+        import cupy
+    except ImportError:
+        return 0
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0

@@ -1,0 +1,87 @@
+"""The master's shell around tier movement: calls each node's NodeService.
+
+`Tiering` (pure) plans moves and reserves their destinations; this module sends each node its
+batch, reports the outcome back (`Tiering.complete`), and forwards the persistent-tier extents
+the table freed (`Release`), so a node's index never outlives the master's records for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+import grpc
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.errors import OK, ChecksumMismatchError
+from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.tiering import MoveTask, Tiering
+
+log = logging.getLogger("mooncake.master")
+
+
+class NodeMover:
+    def __init__(self, table: ObjectTable, tiering: Tiering, *, timeout_s: float = 60.0) -> None:
+        self.table = table
+        self.tiering = tiering
+        self.timeout_s = timeout_s
+        self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
+
+    def _stub(self, node_id: str) -> pb_grpc.NodeServiceStub | None:
+        state = self.table.node(node_id)
+        if state is None or not state.info.control_endpoint:
+            return None
+        endpoint = state.info.control_endpoint
+        cached = self._channels.get(node_id)
+        if cached is not None and cached[0] == endpoint:
+            return cached[2]
+        channel = grpc.aio.insecure_channel(endpoint)
+        stub = pb_grpc.NodeServiceStub(channel)
+        self._channels[node_id] = (endpoint, channel, stub)
+        return stub
+
+    async def run(self, tasks: list[MoveTask]) -> None:
+        by_node: dict[str, list[MoveTask]] = defaultdict(list)
+        for task in tasks:
+            by_node[task.node_id].append(task)
+        await asyncio.gather(*(self._run_node(n, ts) for n, ts in by_node.items()))
+
+    async def _run_node(self, node_id: str, tasks: list[MoveTask]) -> None:
+        stub = self._stub(node_id)
+        codes = [-1] * len(tasks)
+        if stub is not None:
+            request = pb.MoveRequest(tasks=[
+                pb.MoveTask(
+                    key=t.key, src_segment=t.src.segment_id, src_offset=t.source.offset,
+                    dst_segment=t.dst.segment_id, dst_offset=t.dst_offset,
+                    size_bytes=t.size_bytes, checksum=t.checksum, fingerprint=t.fingerprint,
+                    parent_key=t.parent_key, tag=t.tag,
+                )
+                for t in tasks
+            ])  # fmt: skip
+            try:
+                reply = await stub.Move(request, timeout=self.timeout_s)
+                codes = [s.code for s in reply.statuses]
+            except grpc.aio.AioRpcError as exc:
+                log.warning("moves on node %s failed: %s", node_id, exc.code().name)
+        for task, code in zip(tasks, codes, strict=True):
+            self.tiering.complete(task, code == OK, corrupt=code == ChecksumMismatchError.code)
+
+    async def release(self, released: dict[int, list[int]]) -> None:
+        for segment_id, offsets in released.items():
+            seg = self.table.segment(segment_id)
+            stub = self._stub(seg.node_id) if seg is not None else None
+            if stub is None:
+                continue
+            try:
+                await stub.Release(pb.ReleaseRequest(segment_id=segment_id, offsets=offsets),
+                                   timeout=self.timeout_s)  # fmt: skip
+            except grpc.aio.AioRpcError as exc:
+                log.warning("release on node %s failed: %s", seg.node_id, exc.code().name)  # type: ignore[union-attr]
+
+    async def close(self) -> None:
+        for _, channel, _ in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,100 @@
+"""Nodes and their mounted segments, as the master sees them (pure data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mooncake_store.master.allocator import ExtentAllocator
+
+
+class Tier(StrEnum):
+    """Storage tiers, fastest first.  NVME survives a node restart; the others do not."""
+
+    GPU = "GPU"
+    DRAM = "DRAM"
+    NVME = "NVME"
+
+    @property
+    def persistent(self) -> bool:
+        return self is Tier.NVME
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a node tells the master when it mounts."""
+
+    node_id: str
+    incarnation: int
+    endpoint: str
+    shm_socket: str
+    control_endpoint: str
+    secret: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    node: NodeInfo
+    segment_id: int
+    tier: Tier
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryItem:
+    """A block a node holds in a persistent tier, as reported at mount."""
+
+    key: str
+    offset: int
+    size_bytes: int
+    checksum: int
+    fingerprint: bytes = b""
+    parent_key: str = ""
+    tag: bytes = b""
+
+
+class Segment:
+    """A mounted segment: its info, allocator and the keys with a replica in it."""
+
+    __slots__ = ("allocator", "info", "keys")
+
+    def __init__(self, info: SegmentInfo, allocator: ExtentAllocator) -> None:
+        self.info = info
+        self.allocator = allocator
+        self.keys: set[str] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self.info.node.node_id
+
+    @property
+    def segment_id(self) -> int:
+        return self.info.segment_id
+
+    @property
+    def tier(self) -> Tier:
+        return self.info.tier
+
+    @property
+    def free_bytes(self) -> int:
+        return self.allocator.free_bytes
+
+    @property
+    def largest_free(self) -> int:
+        return self.allocator.largest_free()
+
+    @property
+    def fill(self) -> float:
+        cap = self.allocator.capacity_bytes
+        return self.allocator.used_bytes / cap if cap else 1.0
+
+
+class NodeState:
+    """A live node: its mount info, its segments and when it last heartbeated."""
+
+    __slots__ = ("info", "last_heartbeat_s", "segment_ids")
+
+    def __init__(self, info: NodeInfo, now: float) -> None:
+        self.info = info
+        self.last_heartbeat_s = now
+        self.segment_ids: list[int] = []

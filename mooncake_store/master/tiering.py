@@ -1,0 +1,147 @@
+"""Tier movement (pure): watermarks, demotion DRAM -> NVMe, promotion NVMe -> DRAM.
+
+Each tick, per node:
+- a persistent tier (NVMe) above its high watermark drops its lowest-value blocks (by the
+  eviction policy) down to its low watermark;
+- a DRAM tier above its high watermark demotes its lowest-value blocks to the node's NVMe tier
+  until the projected fill is at the low watermark (making room on NVMe by dropping its own
+  lowest-value blocks; a block that still does not fit is dropped from DRAM instead);
+- blocks read `promote_after_reads` times while only on NVMe are copied back to DRAM when it is
+  below its high watermark.
+Planning reserves the destination extent and marks the object `moving` (not evictable, still
+readable from its source); the shell has the node copy the bytes, then calls `complete`.
+A node without an NVMe tier never demotes: its DRAM is freed only by synchronous eviction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mooncake_store.master.object_table import ObjectTable, Replica
+from mooncake_store.master.segments import Segment, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    dram_high_watermark: float = 0.90
+    dram_low_watermark: float = 0.75
+    nvme_high_watermark: float = 0.95
+    nvme_low_watermark: float = 0.90
+    promote_after_reads: int = 2
+    max_moves_per_tick: int = 64
+
+
+@dataclass(slots=True)
+class MoveTask:
+    key: str
+    node_id: str
+    source: Replica
+    src: Segment
+    dst: Segment
+    dst_offset: int
+    size_bytes: int
+    checksum: int
+    fingerprint: bytes
+    parent_key: str
+    tag: bytes
+
+    @property
+    def promotion(self) -> bool:
+        return self.dst.tier is Tier.DRAM
+
+
+class Tiering:
+    def __init__(self, table: ObjectTable, config: TierConfig) -> None:
+        self.table = table
+        self.config = config
+        self.counters = {"demotions": 0, "promotions": 0, "moves_failed": 0, "nvme_drops": 0}
+
+    def plan(self) -> list[MoveTask]:
+        tasks: list[MoveTask] = []
+        budget = self.config.max_moves_per_tick
+        for seg in self.table.segments():
+            if seg.tier is Tier.NVME and seg.fill > self.config.nvme_high_watermark:
+                self._drop_to(seg, self.config.nvme_low_watermark)
+        for seg in self.table.segments():
+            if seg.tier is not Tier.DRAM or budget <= len(tasks):
+                continue
+            nvme = self.table.node_segment(seg.node_id, Tier.NVME)
+            if nvme is not None and seg.fill > self.config.dram_high_watermark:
+                tasks += self._demote(seg, nvme, budget - len(tasks))
+        if len(tasks) < budget:
+            tasks += self._promote(budget - len(tasks))
+        return tasks
+
+    def _drop_to(self, seg: Segment, target: float) -> None:
+        cap = seg.allocator.capacity_bytes
+        while seg.allocator.used_bytes > target * cap:
+            victim = self.table.policy.pick(seg.segment_id, self.table.evictable)
+            if victim is None:
+                return
+            self.table.evict(victim, seg)
+            self.counters["nvme_drops"] += 1
+
+    def _demote(self, dram: Segment, nvme: Segment, budget: int) -> list[MoveTask]:
+        tasks: list[MoveTask] = []
+        target = self.config.dram_low_watermark * dram.allocator.capacity_bytes
+        projected = dram.allocator.used_bytes
+        while projected > target and len(tasks) < budget:
+            key = self.table.policy.pick(dram.segment_id, self.table.evictable)
+            if key is None:
+                break
+            meta = self.table.get(key)
+            assert meta is not None
+            extent = dram.allocator.aligned(meta.size_bytes)
+            if nvme.largest_free < extent:
+                self.table.make_room(nvme, extent)
+            started = self.table.begin_move(key, dram, nvme)
+            if started is None:  # NVMe cannot take it: the DRAM copy is simply evicted
+                self.table.evict(key, dram)
+            else:
+                tasks.append(self._task(key, dram, nvme, *started))
+            projected -= extent
+        return tasks
+
+    def _promote(self, budget: int) -> list[MoveTask]:
+        tasks: list[MoveTask] = []
+        wanted = self.config.promote_after_reads
+        for key in list(self.table.slow_keys):
+            meta = self.table.get(key)
+            if meta is None:
+                self.table.slow_keys.discard(key)
+                continue
+            if len(tasks) >= budget or meta.slow_reads < wanted or meta.moving:
+                continue
+            self.table.slow_keys.discard(key)
+            for replica in meta.replicas:
+                src = self.table.segment(replica.segment_id)
+                if src is None or not src.tier.persistent:
+                    continue
+                dram = self.table.node_segment(src.node_id, Tier.DRAM)
+                if dram is None or dram.fill >= self.config.dram_high_watermark:
+                    continue
+                started = self.table.begin_move(key, src, dram)
+                if started is not None:
+                    tasks.append(self._task(key, src, dram, *started))
+                break
+        return tasks
+
+    def _task(self, key: str, src: Segment, dst: Segment, source: Replica,
+              offset: int) -> MoveTask:  # fmt: skip
+        meta = self.table.get(key)
+        assert meta is not None
+        return MoveTask(key, src.node_id, source, src, dst, offset, meta.size_bytes,
+                        meta.checksum, meta.fingerprint, meta.parent_key, meta.tag)  # fmt: skip
+
+    def complete(self, task: MoveTask, ok: bool, *, corrupt: bool = False) -> bool:
+        """Record a move's outcome; a source found corrupt by the node is dropped."""
+        moved = self.table.finish_move(task.key, task.source, task.dst, task.dst_offset, ok)
+        if corrupt:
+            meta = self.table.get(task.key)
+            if meta is not None and any(r is task.source for r in meta.replicas):
+                self.table.evict(task.key, task.src)
+        if moved:
+            self.counters["promotions" if task.promotion else "demotions"] += 1
+        else:
+            self.counters["moves_failed"] += 1
+        return moved

@@ -1,0 +1,88 @@
+"""The node's control service, called by the master: moves between tiers, releases.
+
+Moves run on the I/O thread pool.  A demotion checks the DRAM bytes against the block's
+checksum, writes them to the NVMe file, syncs it, and only then indexes the block, so the index
+never names bytes that are not on disk.  A promotion reads the NVMe bytes into the pool and
+checks them; a block that fails is reported as corrupt (the master drops that replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+
+import xxhash
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
+from mooncake_store.node.nvme import NvmeBlock, NvmeTier, aligned
+
+log = logging.getLogger("mooncake.node")
+
+
+class NodeControl(pb_grpc.NodeServiceServicer):
+    def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
+                 executor: Executor) -> None:  # fmt: skip
+        self.dram = dram
+        self.nvme = nvme
+        self.executor = executor
+        self.demoted = 0
+        self.promoted = 0
+
+    async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
+        loop = asyncio.get_running_loop()
+        statuses = await loop.run_in_executor(self.executor, self._move_all, list(request.tasks))
+        return pb.MoveResponse(statuses=statuses)
+
+    def _move_all(self, tasks: list[pb.MoveTask]) -> list[pb.Status]:
+        statuses: list[pb.Status] = []
+        indexed: dict[int, list[tuple[int, NvmeBlock]]] = {}
+        for i, task in enumerate(tasks):
+            try:
+                block = self._move(task)
+            except (ChecksumMismatchError, DataPathError) as exc:
+                statuses.append(pb.Status(code=exc.code, message=exc.message))
+                continue
+            except (OSError, ValueError) as exc:
+                statuses.append(pb.Status(code=DataPathError.code, message=f"move failed: {exc}"))
+                continue
+            statuses.append(pb.Status(code=OK))
+            if block is not None:
+                indexed.setdefault(task.dst_segment, []).append((i, block))
+        for segment_id, entries in indexed.items():
+            tier = self.nvme[segment_id]
+            try:
+                tier.sync()
+                tier.index([block for _, block in entries])
+                self.demoted += len(entries)
+            except OSError as exc:
+                for i, _ in entries:
+                    statuses[i] = pb.Status(code=DataPathError.code, message=f"sync failed: {exc}")
+        return statuses
+
+    def _move(self, task: pb.MoveTask) -> NvmeBlock | None:
+        extent = aligned(task.size_bytes)
+        if task.src_segment in self.dram and task.dst_segment in self.nvme:
+            source = self.dram[task.src_segment][task.src_offset : task.src_offset + extent]
+            if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
+                raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
+            self.nvme[task.dst_segment].write(source, task.dst_offset)
+            return NvmeBlock(task.key, task.dst_offset, task.size_bytes, task.checksum,
+                             bytes(task.fingerprint), task.parent_key, bytes(task.tag))  # fmt: skip
+        if task.src_segment in self.nvme and task.dst_segment in self.dram:
+            dest = self.dram[task.dst_segment][task.dst_offset : task.dst_offset + extent]
+            self.nvme[task.src_segment].read(dest, task.src_offset)
+            if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
+                raise ChecksumMismatchError(f"NVMe copy of {task.key!r} is corrupt")
+            self.promoted += 1
+            return None
+        raise DataPathError(f"no move from segment {task.src_segment:x} to {task.dst_segment:x}")
+
+    async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:
+        tier = self.nvme.get(request.segment_id)
+        if tier is not None and request.offsets:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.executor, tier.forget, list(request.offsets))
+        return pb.Status(code=OK)
