@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
+from mooncake_store.client.device import PinnedStaging, device_bytes, is_device_buffer, to_host
 from mooncake_store.client.master_client import MasterClient
 from mooncake_store.client.transport import ShmMapper, TcpPool
 from mooncake_store.client.types import (
@@ -133,10 +135,13 @@ class AsyncClient:
         self._master: MasterClient | None = None
         self._shm = ShmMapper()
         self._tcp = TcpPool(timeout_s=timeout_s)
+        self._pinned = PinnedStaging()
         #: Transfers by data path, and replicas that failed their checksum on read.
+        #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).
         self.counters: dict[str, int] = dict.fromkeys(
-            ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures"), 0
-        )
+            ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
+             "dram_reads", "nvme_reads", "gpu_reads"), 0,
+        )  # fmt: skip
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -249,7 +254,7 @@ class AsyncClient:
             if key in seen:  # a repeated key in one batch names the same content: write it once
                 continue
             seen.add(key)
-            view = as_readable(value)
+            view = as_readable(to_host(value) if is_device_buffer(value) else value)
             if len(view) == 0:
                 raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
             if len(view) > self.max_value_bytes:
@@ -375,9 +380,14 @@ class AsyncClient:
         if len(keys) != len(buffers):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
         keys = [validate_key(k) for k in keys]
-        views = [as_writable(b) for b in buffers]
-        infos = self._checked(keys, await self._master_client().get_replica_list(keys, fingerprint))
-        await self._read_all(keys, infos, views)
+        views, devices = self._targets(buffers)
+        try:
+            results = await self._master_client().get_replica_list(keys, fingerprint)
+            infos = self._checked(keys, results)
+            await self._read_all(keys, infos, views)
+            self._to_devices(devices, infos)
+        finally:
+            self._release(devices)
         return [info.size_bytes for info in infos]
 
     async def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
@@ -400,11 +410,43 @@ class AsyncClient:
         if len(keys) != len(buffers):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
         keys = [validate_key(k) for k in keys]
-        views = [as_writable(b) for b in buffers]
-        results = await self._master_client().get_prefix(keys, fingerprint)
-        infos = self._checked(keys[: len(results)], results)
-        await self._read_all(keys, infos, views)
+        views, devices = self._targets(buffers)
+        try:
+            results = await self._master_client().get_prefix(keys, fingerprint)
+            infos = self._checked(keys[: len(results)], results)
+            await self._read_all(keys, infos, views)
+            self._to_devices(devices, infos)
+        finally:
+            self._release(devices)
         return PrefixRead(len(infos), [i.size_bytes for i in infos], [i.tag for i in infos])
+
+    def _targets(
+        self, buffers: Sequence[object]
+    ) -> tuple[list[memoryview], list[tuple[int, Any, np.ndarray]]]:
+        """Host views to read into; device buffers get a pinned staging buffer each."""
+        views: list[memoryview] = []
+        devices: list[tuple[int, Any, np.ndarray]] = []
+        for i, buf in enumerate(buffers):
+            if is_device_buffer(buf):
+                dev = device_bytes(buf)
+                host = self._pinned.take(dev.nbytes)
+                devices.append((i, dev, host))
+                views.append(as_writable(host))
+            else:
+                views.append(as_writable(buf))
+        return views, devices
+
+    def _to_devices(
+        self, devices: list[tuple[int, Any, np.ndarray]], infos: Sequence[ReplicaList]
+    ) -> None:
+        for i, dev, host in devices:
+            if i < len(infos):
+                n = infos[i].size_bytes
+                dev[:n].set(host[:n])  # host-to-device from pinned memory
+
+    def _release(self, devices: list[tuple[int, Any, np.ndarray]]) -> None:
+        for _, _, host in devices:
+            self._pinned.give(host)
 
     def _checked(
         self, keys: Sequence[str], results: Sequence[ReplicaList | MooncakeError]
@@ -458,6 +500,8 @@ class AsyncClient:
                 last = exc
                 continue
             if checksum(dest) == info.checksum:
+                tier = f"{loc.tier.lower()}_reads"
+                self.counters[tier] = self.counters.get(tier, 0) + 1
                 return
             self.counters["checksum_failures"] += 1
             last = ChecksumMismatchError(

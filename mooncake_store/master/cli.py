@@ -34,6 +34,38 @@ from mooncake_store.master.server import serve
 )
 @click.option("--default-replicas", type=int, default=None, help="Replicas per put [1].")
 @click.option(
+    "--eviction-policy",
+    type=click.Choice(["weighted", "lru"]),
+    default=None,
+    help="Which blocks go first when a tier is full [weighted].",
+)
+@click.option(
+    "--eviction-depth-cost",
+    type=float,
+    default=None,
+    help="Weighted policy: extra value per block of prefix depth [0.02].",
+)
+@click.option(
+    "--dram-high-watermark",
+    type=float,
+    default=None,
+    help="DRAM fill that starts demotion to NVMe [0.9].",
+)
+@click.option(
+    "--dram-low-watermark", type=float, default=None, help="DRAM fill demotion stops at [0.75]."
+)
+@click.option(
+    "--nvme-high-watermark",
+    type=float,
+    default=None,
+    help="NVMe fill that starts dropping blocks [0.95].",
+)
+@click.option(
+    "--nvme-low-watermark", type=float, default=None, help="NVMe fill dropping stops at [0.9]."
+)
+@click.option("--promote-after-reads", type=int, default=None,
+              help="Reads from NVMe that bring a block back to DRAM [2].")  # fmt: skip
+@click.option(
     "--config",
     "config_file",
     default=None,

@@ -116,11 +116,24 @@ class WeightedPolicy(EvictionPolicy):
         priority = clock if self._orphan(state) else clock + self._value(state)
         heap = self._heaps.setdefault(segment_id, [])
         heapq.heappush(heap, (priority, next(self._seq), state.version, key))
+        if len(heap) > 4 * len(self._keys) + 1024:
+            self._compact(segment_id)
 
     def _refresh(self, key: str, state: _KeyState) -> None:
-        state.version += 1
+        state.version = next(self._seq)  # unique across re-inserts: old entries stay stale
         for segment_id in state.segments:
             self._push(key, state, segment_id)
+
+    def _compact(self, segment_id: int) -> None:
+        """Drop stale entries (refreshes leave old ones behind)."""
+        heap = self._heaps[segment_id]
+        live = []
+        for entry in heap:
+            state = self._keys.get(entry[3])
+            if state is not None and state.version == entry[2] and segment_id in state.segments:
+                live.append(entry)
+        heapq.heapify(live)
+        self._heaps[segment_id] = live
 
     def insert(self, key: str, segment_id: int, *, parent: str = "") -> None:
         state = self._keys.get(key)
@@ -148,16 +161,16 @@ class WeightedPolicy(EvictionPolicy):
         if state is None:
             return
         state.segments.discard(segment_id)
-        state.version += 1
+        state.version = next(self._seq)
         if state.segments:
             self._refresh(key, state)
             return
         del self._keys[key]
         parent_state = self._keys.get(state.parent) if state.parent else None
         if parent_state is not None:
+            # The parent may now be a leaf; its heap entry stays valid and keeps its priority
+            # (becoming a leaf is not an access).
             parent_state.children.discard(key)
-            if not parent_state.children:
-                self._refresh(state.parent, parent_state)  # a new leaf
         for child in state.children:  # now unreachable by prefix: worth nothing
             child_state = self._keys.get(child)
             if child_state is not None:

@@ -145,6 +145,7 @@ class ObjectTable:
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
+        self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
@@ -510,6 +511,7 @@ class ObjectTable:
             meta.slow_reads += 1
             self.slow_keys.add(key)
         self.policy.access(key)
+        self.read_keys.add(key)
         self.counters["gets"] += 1
         return meta, live
 

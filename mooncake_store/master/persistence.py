@@ -21,18 +21,19 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
 
 _PREFIX = b"o/"
-# version, size, checksum, created, replica count, fingerprint / parent key / tag lengths;
-# then the replicas, then the three variable fields.
-_HEADER = struct.Struct("<BQQdHBHH")
+# version, size, checksum, created, replica count, fingerprint / parent key / tag lengths,
+# pinned until (inf: until removed); then the replicas, then the three variable fields.
+_HEADER = struct.Struct("<BQQdHBHHd")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
-_VERSION = 2
+_VERSION = 3
 
 
 def encode_object(meta: ObjectMeta) -> bytes:
     parent = meta.parent_key.encode("utf-8", "surrogatepass")
     parts = [
         _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s,
-                     len(meta.replicas), len(meta.fingerprint), len(parent), len(meta.tag))
+                     len(meta.replicas), len(meta.fingerprint), len(parent), len(meta.tag),
+                     meta.pin_until_s)
     ]  # fmt: skip
     parts.extend(_REPLICA.pack(r.segment_id, r.offset) for r in meta.replicas)
     parts += [meta.fingerprint, parent, meta.tag]
@@ -43,7 +44,9 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     version = blob[0]
     if version != _VERSION:
         raise ValueError(f"object record of {key!r} has unknown version {version}")
-    _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag = _HEADER.unpack_from(blob)
+    _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag, pin_until_s = (
+        _HEADER.unpack_from(blob)
+    )
     offset = _HEADER.size
     replicas = []
     for _ in range(count):
@@ -57,6 +60,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     return ObjectMeta(
         key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum,
         created_s=created_s, fingerprint=fingerprint, parent_key=parent, tag=tag,
+        pin_until_s=pin_until_s,
     )  # fmt: skip
 
 

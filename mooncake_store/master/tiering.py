@@ -7,7 +7,10 @@ Each tick, per node:
   until the projected fill is at the low watermark (making room on NVMe by dropping its own
   lowest-value blocks; a block that still does not fit is dropped from DRAM instead);
 - blocks read `promote_after_reads` times while only on NVMe are copied back to DRAM when it is
-  below its high watermark.
+  below its high watermark;
+- on a node with a GPU tier, blocks read `gpu_promote_after_reads` times move up from DRAM to
+  the GPU while it is below its high watermark, and the GPU tier demotes its lowest-value
+  blocks back to DRAM above that watermark.
 Planning reserves the destination extent and marks the object `moving` (not evictable, still
 readable from its source); the shell has the node copy the bytes, then calls `complete`.
 A node without an NVMe tier never demotes: its DRAM is freed only by synchronous eviction.
@@ -29,6 +32,9 @@ class TierConfig:
     nvme_low_watermark: float = 0.90
     promote_after_reads: int = 2
     max_moves_per_tick: int = 64
+    gpu_high_watermark: float = 0.90
+    gpu_low_watermark: float = 0.75
+    gpu_promote_after_reads: int = 3
 
 
 @dataclass(slots=True)
@@ -47,7 +53,9 @@ class MoveTask:
 
     @property
     def promotion(self) -> bool:
-        return self.dst.tier is Tier.DRAM
+        """Towards a faster tier (NVMe -> DRAM, DRAM -> GPU)."""
+        order = {Tier.GPU: 0, Tier.DRAM: 1, Tier.NVME: 2}
+        return order[self.dst.tier] < order[self.src.tier]
 
 
 class Tiering:
@@ -68,8 +76,61 @@ class Tiering:
             nvme = self.table.node_segment(seg.node_id, Tier.NVME)
             if nvme is not None and seg.fill > self.config.dram_high_watermark:
                 tasks += self._demote(seg, nvme, budget - len(tasks))
+        for seg in self.table.segments():
+            if seg.tier is not Tier.GPU or budget <= len(tasks):
+                continue
+            dram = self.table.node_segment(seg.node_id, Tier.DRAM)
+            if dram is not None and seg.fill > self.config.gpu_high_watermark:
+                tasks += self._demote_gpu(seg, dram, budget - len(tasks))
         if len(tasks) < budget:
             tasks += self._promote(budget - len(tasks))
+        if len(tasks) < budget:
+            tasks += self._promote_to_gpu(budget - len(tasks))
+        self.table.read_keys.clear()
+        return tasks
+
+    def _demote_gpu(self, gpu: Segment, dram: Segment, budget: int) -> list[MoveTask]:
+        tasks: list[MoveTask] = []
+        target = self.config.gpu_low_watermark * gpu.allocator.capacity_bytes
+        projected = gpu.allocator.used_bytes
+        while projected > target and len(tasks) < budget:
+            key = self.table.policy.pick(gpu.segment_id, self.table.evictable)
+            if key is None:
+                break
+            meta = self.table.get(key)
+            assert meta is not None
+            extent = gpu.allocator.aligned(meta.size_bytes)
+            if dram.largest_free < extent:
+                self.table.make_room(dram, extent)
+            started = self.table.begin_move(key, gpu, dram)
+            if started is None:  # DRAM cannot take it back: the GPU copy is evicted
+                self.table.evict(key, gpu)
+            else:
+                tasks.append(self._task(key, gpu, dram, *started))
+            projected -= extent
+        return tasks
+
+    def _promote_to_gpu(self, budget: int) -> list[MoveTask]:
+        """Copy the most-read DRAM blocks up to their node's GPU tier while it has room."""
+        tasks: list[MoveTask] = []
+        wanted = self.config.gpu_promote_after_reads
+        for key in list(self.table.read_keys):
+            meta = self.table.get(key)
+            if len(tasks) >= budget or meta is None or meta.moving:
+                continue
+            if meta.access_count < wanted:
+                continue
+            for replica in meta.replicas:
+                src = self.table.segment(replica.segment_id)
+                if src is None or src.tier is not Tier.DRAM:
+                    continue
+                gpu = self.table.node_segment(src.node_id, Tier.GPU)
+                if gpu is None or gpu.fill >= self.config.gpu_high_watermark:
+                    continue
+                started = self.table.begin_move(key, src, gpu)
+                if started is not None:
+                    tasks.append(self._task(key, src, gpu, *started))
+                break
         return tasks
 
     def _drop_to(self, seg: Segment, target: float) -> None:

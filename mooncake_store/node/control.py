@@ -1,5 +1,8 @@
 """The node's control service, called by the master: moves between tiers, releases.
 
+Moves: DRAM -> NVMe (demotion), NVMe -> DRAM (promotion), DRAM -> GPU (promotion of the
+hottest blocks), GPU -> DRAM (demotion at the GPU tier's high watermark).
+
 Moves run on the I/O thread pool.  A demotion checks the DRAM bytes against the block's
 checksum, writes them to the NVMe file, syncs it, and only then indexes the block, so the index
 never names bytes that are not on disk.  A promotion reads the NVMe bytes into the pool and
@@ -17,6 +20,7 @@ import xxhash
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
+from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeBlock, NvmeTier, aligned
 
 log = logging.getLogger("mooncake.node")
@@ -24,9 +28,10 @@ log = logging.getLogger("mooncake.node")
 
 class NodeControl(pb_grpc.NodeServiceServicer):
     def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
-                 executor: Executor) -> None:  # fmt: skip
+                 gpu: dict[int, GpuTier], executor: Executor) -> None:  # fmt: skip
         self.dram = dram
         self.nvme = nvme
+        self.gpu = gpu
         self.executor = executor
         self.demoted = 0
         self.promoted = 0
@@ -77,6 +82,20 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
                 raise ChecksumMismatchError(f"NVMe copy of {task.key!r} is corrupt")
             self.promoted += 1
+            return None
+        if task.src_segment in self.dram and task.dst_segment in self.gpu:
+            source = self.dram[task.src_segment][task.src_offset : task.src_offset + extent]
+            if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
+                raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
+            self.gpu[task.dst_segment].write(source, task.dst_offset)
+            self.promoted += 1
+            return None
+        if task.src_segment in self.gpu and task.dst_segment in self.dram:
+            dest = self.dram[task.dst_segment][task.dst_offset : task.dst_offset + extent]
+            self.gpu[task.src_segment].read(dest, task.src_offset)
+            if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
+                raise ChecksumMismatchError(f"GPU copy of {task.key!r} is corrupt")
+            self.demoted += 1
             return None
         raise DataPathError(f"no move from segment {task.src_segment:x} to {task.dst_segment:x}")
 

@@ -2,10 +2,11 @@
 
 Each connection is an asyncio BufferedProtocol.  For a DRAM segment, `get_buffer` hands out a
 slice of the pool itself for WRITE payloads, so the kernel copies bytes directly into place,
-and READ replies write a memoryview of the pool.  An NVMe segment is read (O_DIRECT, on the
-I/O thread pool) into a page-aligned staging buffer that is then sent; clients never write to
-NVMe (blocks get there by demotion).  Every access is checked against a grant signed by the
-master (segment, extent, mode, expiry) before a byte moves.  See common/wire.py for the framing.
+and READ replies write a memoryview of the pool.  An NVMe or GPU segment is read (O_DIRECT or
+device-to-host, on the I/O thread pool) into a page-aligned staging buffer that is then sent;
+clients write only DRAM (blocks reach the other tiers by demotion and promotion).  Every
+access is checked against a grant signed by the master (segment, extent, mode, expiry) before
+a byte moves.  See common/wire.py for the framing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from concurrent.futures import Executor
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError
 from mooncake_store.common.grant import GrantMode, verify_grant
 from mooncake_store.common.wire import MAGIC, REQUEST, Op, pack_response
+from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
 
 log = logging.getLogger("mooncake.node")
@@ -34,14 +36,20 @@ class DataAccess:
         self.io_executor = io_executor
         self.dram: dict[int, memoryview] = {}
         self.nvme: dict[int, NvmeTier] = {}
+        self.gpu: dict[int, GpuTier] = {}
         self.reads = 0
         self.writes = 0
         self.denied = 0
 
+    def staged(self, segment_id: int) -> NvmeTier | GpuTier | None:
+        """The tier of a segment that is read through a staging buffer (NVMe, GPU)."""
+        return self.nvme.get(segment_id) or self.gpu.get(segment_id)
+
     def size_of(self, segment_id: int) -> int:
         if segment_id in self.dram:
             return len(self.dram[segment_id])
-        return self.nvme[segment_id].size_bytes
+        tier = self.staged(segment_id)
+        return tier.size_bytes if tier is not None else 0
 
     def check(self, grant_blob: bytes, offset: int, size_bytes: int, mode: GrantMode) -> int:
         """Return the granted segment id, or raise AccessDeniedError."""
@@ -49,7 +57,7 @@ class DataAccess:
         problem = None
         if grant is None:
             problem = "grant signature is invalid (not issued by this node's master)"
-        elif grant.segment_id not in self.dram and grant.segment_id not in self.nvme:
+        elif grant.segment_id not in self.dram and self.staged(grant.segment_id) is None:
             problem = f"grant is for segment {grant.segment_id:x}, which this node does not hold"
         elif grant.expires_ms < time.time() * 1000:
             problem = "grant expired (put timed out or read lease ended); ask the master again"
@@ -57,8 +65,8 @@ class DataAccess:
             problem = f"{mode.name} of [{offset}, +{size_bytes}) is outside the granted extent"
         elif offset + size_bytes > self.size_of(grant.segment_id):
             problem = "extent lies beyond the end of the segment"
-        elif mode is GrantMode.WRITE and grant.segment_id in self.nvme:
-            problem = "the NVMe tier is not written by clients"
+        elif mode is GrantMode.WRITE and grant.segment_id not in self.dram:
+            problem = "only the DRAM tier is written by clients"
         if problem is not None:
             self.denied += 1
             raise AccessDeniedError(problem)
@@ -79,7 +87,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._offset = 0
         self._size = 0
         self._grant_len = 0
-        self._staging: tuple[NvmeTier, mmap.mmap] | None = None  # the last NVMe reply's buffer
+        self._staging: tuple[NvmeTier | GpuTier, mmap.mmap] | None = None  # last staged reply
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -130,12 +138,12 @@ class _Connection(asyncio.BufferedProtocol):
             self._expect("header", memoryview(self._header))
         elif op is Op.READ:
             segment_id = self.access.check(grant, offset, size, GrantMode.READ)
-            if segment_id in self.access.nvme:
+            tier = self.access.staged(segment_id)
+            if tier is not None:
                 self._stage = "busy"
                 assert self.transport is not None
                 self.transport.pause_reading()
-                tier = self.access.nvme[segment_id]
-                asyncio.get_running_loop().create_task(self._read_nvme(tier, offset, size))
+                asyncio.get_running_loop().create_task(self._read_staged(tier, offset, size))
                 return
             assert self.transport is not None
             view = self.access.dram[segment_id]
@@ -148,7 +156,7 @@ class _Connection(asyncio.BufferedProtocol):
             view = self.access.dram[segment_id]
             self._expect("payload", view[offset : offset + size])
 
-    async def _read_nvme(self, tier: NvmeTier, offset: int, size: int) -> None:
+    async def _read_staged(self, tier: NvmeTier | GpuTier, offset: int, size: int) -> None:
         buf = tier.staging.take(size)
         loop = asyncio.get_running_loop()
         try:
@@ -157,7 +165,7 @@ class _Connection(asyncio.BufferedProtocol):
             )
         except (OSError, ValueError) as exc:
             tier.staging.give(buf)
-            self._reply(DataPathError.code, f"NVMe read failed: {exc}".encode())
+            self._reply(DataPathError.code, f"tier read failed: {exc}".encode())
         else:
             self._staging = (tier, buf)
             if self.transport is not None:

@@ -20,6 +20,7 @@ from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
+from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.master_link import MasterLink
 from mooncake_store.node.nvme import NvmeTier
 from mooncake_store.node.pool import SharedPool
@@ -41,16 +42,13 @@ class StoreNode:
                 "--gpu-bytes needs a CUDA GPU and cupy (pip install 'mooncake-store[gpu]'); "
                 "none is usable on this machine: start the node without --gpu-bytes"
             )
-        if config.gpu_bytes:
-            raise InvalidArgumentError(
-                "the GPU tier is not available in this build yet: start without --gpu-bytes"
-            )
         self.config = config
         self.incarnation = _random_id()
         self.segment_id = _random_id()  # the DRAM segment: new with every process
         self.secret = os.urandom(32)
         self.pool: SharedPool | None = None
         self.nvme: NvmeTier | None = None
+        self.gpu: GpuTier | None = None
         self.access: DataAccess | None = None
         self.port: int | None = None
         self.control_port: int | None = None
@@ -80,6 +78,10 @@ class StoreNode:
             self.access.nvme[self.nvme.segment_id] = self.nvme
             mode = "O_DIRECT" if self.nvme.direct else "buffered"
             inventory_note = f", {format_size(cfg.nvme_bytes)} NVMe ({mode}, {len(blocks)} blocks)"
+        if cfg.gpu_bytes:
+            self.gpu = await loop.run_in_executor(None, GpuTier, cfg.gpu_bytes)
+            self.access.gpu[self.gpu.segment_id] = self.gpu
+            inventory_note += f", {format_size(cfg.gpu_bytes)} GPU"
         self._data_server = await start_data_server(self.access, cfg.host, cfg.port)
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
@@ -90,7 +92,7 @@ class StoreNode:
         self._grpc = grpc.aio.server()
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        control = NodeControl(self.access.dram, self.access.nvme, self._io)
+        control = NodeControl(self.access.dram, self.access.nvme, self.access.gpu, self._io)
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
         self.control_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
         await self._grpc.start()
@@ -127,6 +129,9 @@ class StoreNode:
                     inventory=inventory,
                 )
             )
+        if self.gpu is not None:
+            segments.append(pb.SegmentSpec(segment_id=self.gpu.segment_id, tier="GPU",
+                                           size_bytes=self.gpu.size_bytes))  # fmt: skip
         return pb.MountSegmentRequest(
             node_id=self.node_id,
             incarnation=self.incarnation,
@@ -175,6 +180,9 @@ class StoreNode:
         if self.nvme is not None:
             self.nvme.close()
             self.nvme = None
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None

@@ -317,3 +317,18 @@ def test_identity_metadata_prefix_match(table):
         table.put_start("x", 1, tag=b"t" * 300)
     with pytest.raises(InvalidKeyError):
         table.put_start("x", 1, parent_key="k" * 2000)
+
+
+def test_probes_do_not_keep_a_block_alive(clock):
+    t = ObjectTable(TableConfig(), clock=clock)
+    mount(t, "n", 1, size=2 * MiB)
+    commit(t, "old")
+    commit(t, "new")
+    for _ in range(10):  # exists / prefix_match are probes, not reads
+        assert t.exists("old") and t.prefix_match(["old"]) == 1
+    commit(t, "newest")
+    assert t.get("old") is None and t.exists("new")
+    t.get_replicas("new")  # a read does count
+    clock.now += 10  # (after its lease)
+    commit(t, "latest")
+    assert t.exists("new") and t.get("newest") is None

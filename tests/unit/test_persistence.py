@@ -17,6 +17,7 @@ def meta(key: str, n: int = 2) -> ObjectMeta:
         fingerprint=b"\x01" * 16,
         parent_key=f"parent-of-{key}",
         tag=b"\x00tag",
+        pin_until_s=float("inf"),
     )
 
 

@@ -1,0 +1,164 @@
+"""Tiers with real nodes: demotion to NVMe, promotion, restarts, corruption, pins."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from mooncake_store import ChecksumMismatchError, Client, ObjectNotFoundError
+from mooncake_store.client.master_client import MasterClient
+from mooncake_store.client.types import Retry
+from mooncake_store.cluster import LocalCluster
+from tests.conftest import FAST_MASTER, wait_until
+
+BLOCK = 256 * 1024
+TIER_MASTER = [*FAST_MASTER, "--dram-high-watermark", "0.5", "--dram-low-watermark", "0.25",
+               "--promote-after-reads", "2"]  # fmt: skip
+
+
+def value(i: int) -> bytes:
+    return i.to_bytes(4, "little") * (BLOCK // 4)
+
+
+def per_tier(store: Client) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in store.list_nodes():
+        out[row.tier] = out.get(row.tier, 0) + row.objects
+    return out
+
+
+def replicas(master: str, key: str):
+    import asyncio
+
+    async def call():
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            return (await client.get_replica_list([key]))[0]
+        finally:
+            await client.close()
+
+    return asyncio.run(call())
+
+
+@pytest.fixture
+def tiered(tmp_path):
+    nvme = ["--nvme-dir", str(tmp_path / "nvme"), "--nvme", "16MiB"]
+    with LocalCluster(tmp_path / "c", nodes=1, dram="4MiB", master_args=TIER_MASTER,
+                      node_args=nvme) as cluster:  # fmt: skip
+        yield cluster
+
+
+def test_pressure_demotes_to_nvme_and_reads_back_exact(tiered):
+    with Client(tiered.master_address, local_shm=True) as store:
+        keys = [f"t/{i}" for i in range(12)]  # 3 MiB into a 4 MiB DRAM tier at 50% high
+        for i, key in enumerate(keys):
+            store.put(key, value(i))
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion to NVMe")
+        assert per_tier(store)["DRAM"] <= 4  # down to the low watermark (25% = 4 blocks)
+        for i, key in enumerate(keys):
+            assert store.get(key) == value(i)
+        assert store.counters["nvme_reads"] >= 6  # served from NVMe over TCP, checksummed
+        counters = store.stats().counters
+        assert counters["demotions"] >= 6 and counters["moves_failed"] == 0
+
+
+def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
+    with Client(tiered.master_address) as store:
+        for i in range(12):
+            store.put(f"p/{i}", value(i))
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        cold = next(
+            f"p/{i}"
+            for i in range(12)
+            if replicas(tiered.master_address, f"p/{i}").replicas[0].tier == "NVME"
+        )
+        store.get(cold)
+        store.get(cold)
+        wait_until(
+            lambda: replicas(tiered.master_address, cold).replicas[0].tier == "DRAM",
+            what="promotion back to DRAM",
+        )
+        assert store.get(cold) == value(int(cold.split("/")[1]))
+        assert store.stats().counters["promotions"] >= 1
+
+
+def test_restarted_node_reports_its_nvme_blocks(tiered):
+    with Client(tiered.master_address) as store:
+        for i in range(12):
+            store.put(f"r/{i}", value(i))
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        on_nvme = [
+            f"r/{i}"
+            for i in range(12)
+            if replicas(tiered.master_address, f"r/{i}").replicas[0].tier == "NVME"
+        ]
+        tiered.nodes[0].signal(signal.SIGKILL)
+        tiered.nodes[0].proc.wait()
+        tiered.restart_node(0)
+        tiered.wait_for_nodes(1)
+        wait_until(lambda: all(store.exists_many(on_nvme)), what="NVMe blocks re-reported")
+        for key in on_nvme:
+            assert store.get(key) == value(int(key.split("/")[1]))
+        dram_only = [f"r/{i}" for i in range(12) if f"r/{i}" not in on_nvme]
+        assert not any(store.exists_many(dram_only))  # DRAM died with the process
+
+
+def test_corrupt_nvme_block_is_never_served(tiered, tmp_path):
+    with Client(tiered.master_address) as store:
+        for i in range(12):
+            store.put(f"c/{i}", value(i))
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        on_nvme = [
+            f"c/{i}"
+            for i in range(12)
+            if replicas(tiered.master_address, f"c/{i}").replicas[0].tier == "NVME"
+        ]
+        victim, other = on_nvme[0], on_nvme[1]
+        offset = replicas(tiered.master_address, victim).replicas[0].offset
+        data = tmp_path / "nvme" / "blocks.dat"
+        with open(data, "r+b") as f:  # flip bytes under the running node
+            f.seek(offset + 100)
+            f.write(b"\xff" * 16)
+        with pytest.raises(ChecksumMismatchError):
+            store.get(victim)
+        # After a restart the node's own check drops it: the master never lists it again.
+        tiered.nodes[0].signal(signal.SIGKILL)
+        tiered.nodes[0].proc.wait()
+        tiered.restart_node(0)
+        tiered.wait_for_nodes(1)
+        wait_until(lambda: store.exists(other), what="the intact blocks to come back")
+        with pytest.raises(ObjectNotFoundError):
+            store.get(victim)
+        assert store.get(other) == value(int(other.split("/")[1]))
+        assert "failed their checksum" in (tiered.log_dir / "node-0.log").read_text()
+
+
+def test_pinned_blocks_stay_in_dram(tiered):
+    with Client(tiered.master_address) as store:
+        store.put("pinned", value(99), pin=True)
+        for i in range(14):
+            store.put(f"filler/{i}", value(i))
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        assert replicas(tiered.master_address, "pinned").replicas[0].tier == "DRAM"
+        assert store.get("pinned") == value(99)
+
+
+def test_node_flags_are_checked(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mooncake_store.node", "--nvme", "1GiB"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "needs nvme_dir" in result.stderr
+    env = {**os.environ, "MOONCAKE_DISABLE_GPU": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mooncake_store.node", "--gpu-bytes", "1GiB", "--master",
+         "127.0.0.1:1"], capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr

@@ -1,0 +1,216 @@
+"""Tier movement planning on the object table: demotion, promotion, drops, reconciliation."""
+
+from __future__ import annotations
+
+import pytest
+
+from mooncake_store.master.eviction import LruPolicy
+from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.segments import InventoryItem, NodeInfo, SegmentInfo, Tier
+from mooncake_store.master.tiering import TierConfig, Tiering
+
+MiB = 1 << 20
+DRAM, NVME = 10, 20
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(dram=4 * MiB, nvme=8 * MiB, inventory=None, incarnation=1, table=None, clock=None):
+    clock = clock or Clock()
+    table = table or ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    node = NodeInfo("n", incarnation, "n:data", "shm", "n:control", b"k" * 32)
+    table.mount(
+        node,
+        [
+            (SegmentInfo(node, DRAM, Tier.DRAM, dram), None),
+            (SegmentInfo(node, NVME, Tier.NVME, nvme), inventory or []),
+        ],
+    )
+    tiering = Tiering(
+        table,
+        TierConfig(
+            dram_high_watermark=0.9,
+            dram_low_watermark=0.75,
+            nvme_high_watermark=0.9,
+            nvme_low_watermark=0.5,
+            promote_after_reads=2,
+        ),
+    )
+    return table, tiering, clock
+
+
+def commit(table, key, size=MiB, checksum=7):
+    table.put_start(key, size)
+    table.put_end(key, checksum)
+    table.commit_put_end(key)
+
+
+def tiers(table, key):
+    return sorted(table.segment(r.segment_id).tier.value for r in table.get(key).replicas)
+
+
+def test_dram_above_high_watermark_demotes_lowest_value_blocks():
+    table, tiering, _ = make()
+    for i in range(4):
+        commit(table, f"k{i}")  # 100% full
+    tasks = tiering.plan()
+    assert [t.key for t in tasks] == ["k0"]  # 4 MiB -> 3 MiB = the low watermark
+    assert table.get("k0").moving and not table.evictable("k0")
+    assert table.get("k0").replicas  # still readable from DRAM meanwhile
+    assert tiering.plan() == [] or all(t.key != "k0" for t in tiering.plan())
+    assert tiering.complete(tasks[0], ok=True)
+    assert tiers(table, "k0") == ["NVME"]
+    assert table.segment(DRAM).allocator.used_bytes == 3 * MiB
+    assert [m.key for m in table.take_dirty().puts] == ["k0"]
+    table.validate()
+
+
+def test_failed_or_stale_moves_give_the_destination_back():
+    table, tiering, _ = make()
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()
+    assert not tiering.complete(task, ok=False)
+    assert tiers(table, "k0") == ["DRAM"] and table.segment(NVME).allocator.used_bytes == 0
+    (task,) = tiering.plan()
+    table.remove(task.key)  # removed while being copied
+    assert not tiering.complete(task, ok=True)
+    assert table.segment(NVME).allocator.used_bytes == 0
+    assert table.take_released() == {NVME: [0, 0]}  # the node forgets both extents
+    table.validate()
+
+
+def test_corrupt_source_is_dropped():
+    table, tiering, _ = make()
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()
+    tiering.complete(task, ok=False, corrupt=True)
+    assert table.get(task.key) is None
+    table.validate()
+
+
+def test_blocks_read_from_nvme_are_promoted():
+    table, tiering, clock = make(dram=8 * MiB)
+    for i in range(8):
+        commit(table, f"k{i}")
+    for task in tiering.plan():
+        tiering.complete(task, ok=True)
+    demoted = [f"k{i}" for i in range(8) if tiers(table, f"k{i}") == ["NVME"]]
+    assert demoted and table.segment(DRAM).fill <= 0.75
+    key = demoted[0]
+    table.get_replicas(key)
+    assert all(t.key != key for t in tiering.plan())  # one read is not enough
+    clock.now += 10
+    table.get_replicas(key)
+    clock.now += 10
+    promotions = [t for t in tiering.plan() if t.key == key]
+    assert promotions and promotions[0].promotion
+    tiering.complete(promotions[0], ok=True)
+    assert tiers(table, key) == ["DRAM"] and tiering.counters["promotions"] == 1
+    table.validate()
+
+
+def test_full_nvme_drops_its_lowest_value_blocks():
+    table, tiering, _ = make(dram=4 * MiB, nvme=4 * MiB)
+    for i in range(4):
+        commit(table, f"k{i}")
+        for task in tiering.plan():
+            tiering.complete(task, ok=True)
+    for i in range(4, 10):
+        commit(table, f"k{i}")
+        for task in tiering.plan():
+            tiering.complete(task, ok=True)
+    nvme = table.segment(NVME)
+    assert nvme.fill <= 0.9
+    assert tiering.counters["nvme_drops"] + table.counters["evictions"] > 0
+    assert table.object_count() < 10
+    table.validate()
+
+
+def test_node_without_nvme_never_demotes():
+    clock = Clock()
+    table = ObjectTable(TableConfig(), clock=clock)
+    node = NodeInfo("d", 1, "d:data", "shm", "d:control", b"k" * 32)
+    table.mount(node, [(SegmentInfo(node, 1, Tier.DRAM, 2 * MiB), None)])
+    tiering = Tiering(table, TierConfig())
+    commit(table, "a")
+    commit(table, "b")
+    assert tiering.plan() == [] and table.object_count() == 2
+
+
+def test_inventory_is_adopted_and_reconciled():
+    inventory = [
+        InventoryItem("survivor", 0, 5000, 11, b"fp", "parent", b"tag"),
+        InventoryItem("other", 8192, 100, 12),
+    ]
+    table, _, _ = make(inventory=inventory)
+    meta = table.get("survivor")
+    assert meta.checksum == 11 and meta.fingerprint == b"fp" and meta.tag == b"tag"
+    assert tiers(table, "survivor") == ["NVME"] and table.exists("other")
+    assert {m.key for m in table.take_dirty().puts} == {"survivor", "other"}
+    assert table.counters["objects_adopted"] == 2
+    # The node restarts: a new incarnation; "other" no longer passes its checksum on disk.
+    make(inventory=[inventory[0]], incarnation=2, table=table)
+    assert table.exists("survivor") and not table.exists("other")
+    assert table.take_dirty().deletes == ["other"]
+    table.validate()
+
+
+def test_inventory_conflicting_with_a_known_object_is_released():
+    table, _, _ = make()
+    commit(table, "k", checksum=1)
+    node = NodeInfo("m", 1, "m:data", "shm", "m:control", b"k" * 32)
+    table.mount(
+        node, [(SegmentInfo(node, 30, Tier.NVME, 4 * MiB), [InventoryItem("k", 0, MiB, 999)])]
+    )
+    assert tiers(table, "k") == ["DRAM"]  # the stale copy on "m" is not trusted
+    assert table.take_released() == {30: [0]}
+
+
+def test_watermark_config_is_validated():
+    from mooncake_store.common.errors import InvalidArgumentError
+    from mooncake_store.master.config import MasterConfig
+
+    with pytest.raises(InvalidArgumentError, match="watermarks"):
+        MasterConfig(dram_low_watermark=0.95, dram_high_watermark=0.9)
+    with pytest.raises(InvalidArgumentError, match="eviction_policy"):
+        MasterConfig(eviction_policy="fifo")
+
+
+def test_hot_blocks_move_up_to_the_gpu_tier_and_back_down():
+    clock = Clock()
+    table = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    node = NodeInfo("g", 1, "g:data", "shm", "g:control", b"k" * 32)
+    table.mount(
+        node,
+        [
+            (SegmentInfo(node, 1, Tier.DRAM, 8 * MiB), None),
+            (SegmentInfo(node, 2, Tier.GPU, 2 * MiB), None),
+        ],
+    )
+    tiering = Tiering(
+        table, TierConfig(gpu_promote_after_reads=3, gpu_high_watermark=0.9, gpu_low_watermark=0.5)
+    )
+    for key in ("hot", "warm", "cold", "hotter"):
+        commit(table, key)
+    for _ in range(3):
+        table.get_replicas("hot")
+        table.get_replicas("hotter")
+    table.get_replicas("warm")
+    tasks = tiering.plan()
+    assert sorted(t.key for t in tasks) == ["hot", "hotter"] and all(t.promotion for t in tasks)
+    for task in tasks:
+        tiering.complete(task, ok=True)
+    assert tiers(table, "hot") == ["GPU"] and tiers(table, "warm") == ["DRAM"]
+    clock.now += 10  # leases over: the full GPU tier (2 of 2 MiB) demotes down to 50%
+    (down,) = tiering.plan()
+    assert down.dst.tier is Tier.DRAM and not down.promotion
+    tiering.complete(down, ok=True)
+    assert sorted(tiers(table, k)[0] for k in ("hot", "hotter")) == ["DRAM", "GPU"]
+    table.validate()
