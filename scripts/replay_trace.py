@@ -233,7 +233,10 @@ def main() -> None:
                                         nvme_blocks=args.nvme_blocks, workdir=tmp))  # fmt: skip
         runs.append(run)
         store = f"{run['hit_rate']:.3f}" if "hit_rate" in run else "-"
-        ratio = f"{run['hit_rate'] / run['lru_hit_rate']:.2f}x" if "hit_rate" in run else "-"
+        ratio = "-"
+        if "hit_rate" in run:
+            lru = run["lru_hit_rate"]
+            ratio = f"{run['hit_rate'] / lru:.2f}x" if lru else "inf"
         print(f"capacity {capacity:>6} blocks: store[{args.policy}] {store} ({ratio} LRU)  "
               f"LRU {run['lru_hit_rate']:.3f}  weighted(sim) {run['weighted_sim_hit_rate']:.3f}  "
               f"Belady {run['belady_hit_rate']:.3f}", flush=True)  # fmt: skip

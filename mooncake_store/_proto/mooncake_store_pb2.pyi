@@ -345,6 +345,38 @@ class MoveResponse(_message.Message):
     statuses: _containers.RepeatedCompositeFieldContainer[Status]
     def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
 
+class FetchTask(_message.Message):
+    __slots__ = ("key", "src_endpoint", "grant", "src_offset", "size_bytes", "checksum", "dst_segment", "dst_offset")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SRC_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DST_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    src_endpoint: str
+    grant: bytes
+    src_offset: int
+    size_bytes: int
+    checksum: int
+    dst_segment: int
+    dst_offset: int
+    def __init__(self, key: _Optional[str] = ..., src_endpoint: _Optional[str] = ..., grant: _Optional[bytes] = ..., src_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., dst_segment: _Optional[int] = ..., dst_offset: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[FetchTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[FetchTask, _Mapping]]] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[Status]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
     __slots__ = ("segment_id", "offsets")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -888,6 +888,11 @@ class NodeServiceStub:
                 request_serializer=mooncake__store__pb2.MoveRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.MoveResponse.FromString,
                 _registered_method=True)
+        self.Fetch = channel.unary_unary(
+                '/mooncake_store.v1.NodeService/Fetch',
+                request_serializer=mooncake__store__pb2.FetchRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/mooncake_store.v1.NodeService/Release',
                 request_serializer=mooncake__store__pb2.ReleaseRequest.SerializeToString,
@@ -901,6 +906,13 @@ class NodeServiceServicer:
     def Move(self, request, context):
         """Copy blocks between this node's tiers (demotion DRAM -> NVMe, promotion NVMe -> DRAM).
         The destination is written (and, for NVMe, indexed durably) before the status is OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fetch(self, request, context):
+        """Pull blocks from other nodes (node to node; the client is not involved).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -920,6 +932,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.Move,
                     request_deserializer=mooncake__store__pb2.MoveRequest.FromString,
                     response_serializer=mooncake__store__pb2.MoveResponse.SerializeToString,
+            ),
+            'Fetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=mooncake__store__pb2.FetchRequest.FromString,
+                    response_serializer=mooncake__store__pb2.FetchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -954,6 +971,33 @@ class NodeService:
             '/mooncake_store.v1.NodeService/Move',
             mooncake__store__pb2.MoveRequest.SerializeToString,
             mooncake__store__pb2.MoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.NodeService/Fetch',
+            mooncake__store__pb2.FetchRequest.SerializeToString,
+            mooncake__store__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,6 +90,9 @@ class ObjectMeta:
     pin_until_s: float = 0.0
     moving: bool = False
     slow_reads: int = 0  # reads served only from a persistent tier since it got there
+    wanted_replicas: int = 1  # what the put asked for: re-replication restores it
+    window_start_s: float = 0.0  # hot-block detection: reads since window_start_s
+    window_reads: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,8 @@ class TableConfig:
     restore_grace_s: float = 30.0
     default_replicas: int = 1
     alignment: int = 4096
+    hot_window_s: float = 10.0
+    hot_reads: int = 0  # reads within a window that make a block hot (0: no hot replicas)
 
 
 @dataclass(slots=True)
@@ -146,6 +151,8 @@ class ObjectTable:
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
+        self.under_replicated: set[str] = set()  # lost a replica: re-replication candidates
+        self.hot_keys: set[str] = set()  # read hot_reads times within a window
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
@@ -378,7 +385,7 @@ class ObjectTable:
         self._objects[key] = ObjectMeta(
             key, size_bytes, ObjectState.PROCESSING, [r for _, r in placements],
             created_s=now, put_deadline_s=deadline, fingerprint=fingerprint,
-            parent_key=parent_key, tag=tag, pin_until_s=pin_until,
+            parent_key=parent_key, tag=tag, pin_until_s=pin_until, wanted_replicas=wanted,
         )  # fmt: skip
         self._pending[key] = deadline
         self.counters["puts_started"] += 1
@@ -459,6 +466,8 @@ class ObjectTable:
         meta.state = ObjectState.COMPLETE
         for r in meta.replicas:
             self.policy.insert(key, r.segment_id, parent=meta.parent_key)
+        if len(meta.replicas) < meta.wanted_replicas:  # best effort now, more when nodes allow
+            self.under_replicated.add(key)
         self.counters["puts_committed"] += 1
         return len(meta.replicas)
 
@@ -507,6 +516,11 @@ class ObjectTable:
         meta.lease_until_s = max(meta.lease_until_s, now + self.config.lease_ttl_s)
         meta.access_count += 1
         meta.last_access_s = now
+        if now - meta.window_start_s > self.config.hot_window_s:
+            meta.window_start_s, meta.window_reads = now, 0
+        meta.window_reads += 1
+        if self.config.hot_reads and meta.window_reads >= self.config.hot_reads:
+            self.hot_keys.add(key)
         if all(s.tier.persistent for s, _ in live):
             meta.slow_reads += 1
             self.slow_keys.add(key)
@@ -649,6 +663,44 @@ class ObjectTable:
         self._dirty[key] = True
         return True
 
+    def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
+        """Add the copy as a new replica (ok) or give its extent back; True when added."""
+        meta = self._objects.get(key)
+        live_dst = self._segments.get(dst.segment_id) is dst
+        valid = meta is not None and meta.moving and meta.state is ObjectState.COMPLETE
+        if meta is not None:
+            meta.moving = False
+        on_node = meta is not None and any(
+            (s := self._segments.get(r.segment_id)) is not None and s.node_id == dst.node_id
+            for r in meta.replicas
+        )
+        if not (ok and valid and live_dst) or on_node:
+            if live_dst:
+                dst.allocator.free(offset)
+                self._note_release(dst, offset)
+            return False
+        assert meta is not None
+        meta.replicas.append(Replica(dst.segment_id, offset))
+        dst.keys.add(key)
+        self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
+        self._dirty[key] = True
+        return True
+
+    def drop_replica(self, key: str, seg: Segment) -> None:
+        """Remove one replica of a committed object that keeps at least one other."""
+        meta = self._objects[key]
+        if len(meta.replicas) < 2:
+            raise ValueError(f"{key!r} has a single replica; remove the object instead")
+        replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
+        meta.replicas = [r for r in meta.replicas if r is not replica]
+        self._free(key, [replica], meta.lease_until_s)
+        self._dirty[key] = True
+
+    def extend_lease(self, key: str, until_s: float) -> None:
+        meta = self._objects.get(key)
+        if meta is not None:
+            meta.lease_until_s = max(meta.lease_until_s, until_s)
+
     # ---- restore and stats ------------------------------------------------------------------
 
     def restore(self, metas: Iterable[ObjectMeta]) -> int:
@@ -764,6 +816,8 @@ class ObjectTable:
             if meta.replicas:
                 if meta.state is ObjectState.COMPLETE:
                     self._dirty[key] = True
+                    if len(meta.replicas) < meta.wanted_replicas:
+                        self.under_replicated.add(key)
                 continue
             committed = meta.state is not ObjectState.PROCESSING
             del self._objects[key]

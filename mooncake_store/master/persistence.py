@@ -22,10 +22,11 @@ from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
 
 _PREFIX = b"o/"
 # version, size, checksum, created, replica count, fingerprint / parent key / tag lengths,
-# pinned until (inf: until removed); then the replicas, then the three variable fields.
-_HEADER = struct.Struct("<BQQdHBHHd")
+# pinned until (inf: until removed), wanted replicas; then the replicas, then the three
+# variable fields.
+_HEADER = struct.Struct("<BQQdHBHHdB")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
-_VERSION = 3
+_VERSION = 4
 
 
 def encode_object(meta: ObjectMeta) -> bytes:
@@ -33,7 +34,7 @@ def encode_object(meta: ObjectMeta) -> bytes:
     parts = [
         _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s,
                      len(meta.replicas), len(meta.fingerprint), len(parent), len(meta.tag),
-                     meta.pin_until_s)
+                     meta.pin_until_s, min(meta.wanted_replicas, 255))
     ]  # fmt: skip
     parts.extend(_REPLICA.pack(r.segment_id, r.offset) for r in meta.replicas)
     parts += [meta.fingerprint, parent, meta.tag]
@@ -44,7 +45,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     version = blob[0]
     if version != _VERSION:
         raise ValueError(f"object record of {key!r} has unknown version {version}")
-    _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag, pin_until_s = (
+    _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag, pin_until_s, wanted = (
         _HEADER.unpack_from(blob)
     )
     offset = _HEADER.size
@@ -60,7 +61,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     return ObjectMeta(
         key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum,
         created_s=created_s, fingerprint=fingerprint, parent_key=parent, tag=tag,
-        pin_until_s=pin_until_s,
+        pin_until_s=pin_until_s, wanted_replicas=wanted,
     )  # fmt: skip
 
 

@@ -4,7 +4,9 @@ Each connection is an asyncio BufferedProtocol.  For a DRAM segment, `get_buffer
 slice of the pool itself for WRITE payloads, so the kernel copies bytes directly into place,
 and READ replies write a memoryview of the pool.  An NVMe or GPU segment is read (O_DIRECT or
 device-to-host, on the I/O thread pool) into a page-aligned staging buffer that is then sent;
-clients write only DRAM (blocks reach the other tiers by demotion and promotion).  Every
+clients write only DRAM (blocks reach the other tiers by demotion and promotion).  NVMe reads
+are not `sendfile`d: on these machines sendfile was slower than sending from memory at 4 MiB
+and above, and it would need the page cache, which O_DIRECT keeps out of the way.  Every
 access is checked against a grant signed by the master (segment, extent, mode, expiry) before
 a byte moves.  See common/wire.py for the framing.
 """

@@ -170,3 +170,37 @@ def test_kv_engine_example_reuses_shared_prefixes(tmp_path):
     assert summary["requests"] == 40 and summary["blocks"] == 120
     assert summary["hit_blocks"] == summary["verified_blocks"] == 39 * 2
     assert summary["written_blocks"] == 42
+
+
+def test_replay_trace_weighted_beats_lru_through_the_store(tmp_path):
+    # A hot 10-block prefix asked for every third request, between scans of unique blocks that
+    # alone overflow the cache: LRU keeps flushing the prefix, recency + frequency keeps it.
+    lines, next_id = [], 100
+    for i in range(60):
+        if i % 3 == 0:
+            ids = list(range(10))
+        else:
+            ids, next_id = list(range(next_id, next_id + 20)), next_id + 20
+        lines.append(json.dumps({"timestamp": i, "input_length": 512 * len(ids),
+                                 "output_length": 1, "hash_ids": ids}))  # fmt: skip
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines))
+    script = Path(__file__).resolve().parents[2] / "scripts" / "replay_trace.py"
+    results = {}
+    for policy in ("weighted", "lru"):
+        out = tmp_path / f"{policy}.json"
+        proc = subprocess.run(
+            [sys.executable, str(script), str(trace), "--capacity-blocks", "30",
+             "--policy", policy, "--block-bytes", "65536", "--json", str(out)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        results[policy] = json.loads(out.read_text())
+    for run in results.values():
+        assert run["requests"] == 60 and run["capacity_blocks"] == 30
+        assert run["wrong_bytes"] == 0 and run["put_failures"] == 0
+        assert {"hit_rate", "lru_hit_rate", "belady_hit_rate"} <= set(run)
+    weighted, lru = results["weighted"], results["lru"]
+    assert lru["hit_rate"] == pytest.approx(lru["lru_hit_rate"])  # the store's LRU = simulated LRU
+    assert weighted["hit_rate"] > 1.5 * lru["hit_rate"]
+    assert weighted["hit_rate"] == pytest.approx(weighted["weighted_sim_hit_rate"], abs=0.02)

@@ -1,0 +1,143 @@
+"""Replica maintenance (pure): re-replication after losses, hot-block replicas and cooling.
+
+- An object that has fewer replicas than its put asked for (a node died, or too few nodes had
+  room at the time) gets copies on other nodes from a surviving replica.
+- A block read `hot_reads` times within `hot_window_s` gets an extra replica on another node,
+  up to `max_replicas`, so many readers spread over more nodes; when a window passes with fewer
+  reads than that, the extra replicas are dropped again, one per tick.
+Copies go node to node: the destination node pulls the bytes from the source node's data path
+with a read grant from the master, checks the checksum, and only then does the master add the
+replica.  The source is leased for the copy, so it is not evicted or freed meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mooncake_store.master.object_table import ObjectMeta, ObjectState, ObjectTable, Replica
+from mooncake_store.master.segments import Segment, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationConfig:
+    max_replicas: int = 3
+    max_copies_per_tick: int = 32
+    copy_timeout_s: float = 30.0
+
+
+@dataclass(slots=True)
+class CopyTask:
+    key: str
+    reason: str  # "repair" or "hot"
+    source: Replica
+    src: Segment
+    dst: Segment
+    dst_offset: int
+    size_bytes: int
+    checksum: int
+    lease_until_s: float
+
+
+class Replication:
+    def __init__(
+        self, table: ObjectTable, config: ReplicationConfig, *, clock: Callable[[], float]
+    ) -> None:
+        self.table = table
+        self.config = config
+        self._clock = clock
+        self.hot: set[str] = set()  # objects holding extra (hot) replicas
+        self.counters = {"repairs": 0, "hot_replicas_added": 0, "hot_replicas_dropped": 0,
+                         "copies_failed": 0}  # fmt: skip
+
+    def plan(self) -> list[CopyTask]:
+        tasks: list[CopyTask] = []
+        budget = self.config.max_copies_per_tick
+        for key in list(self.table.under_replicated):
+            if len(tasks) >= budget:
+                break
+            meta = self.table.get(key)
+            if meta is None or meta.state is not ObjectState.COMPLETE:
+                self.table.under_replicated.discard(key)
+                continue
+            if len(meta.replicas) >= meta.wanted_replicas:
+                self.table.under_replicated.discard(key)
+                continue
+            task = self._copy(meta, "repair")
+            if task is not None:
+                tasks.append(task)
+        for key in list(self.table.hot_keys):
+            self.table.hot_keys.discard(key)
+            meta = self.table.get(key)
+            if len(tasks) >= budget or meta is None or meta.state is not ObjectState.COMPLETE:
+                continue
+            if len(meta.replicas) < self.config.max_replicas:
+                task = self._copy(meta, "hot")
+                if task is not None:
+                    tasks.append(task)
+        self._cool()
+        return tasks
+
+    def _cool(self) -> None:
+        now = self._clock()
+        window = self.table.config.hot_window_s
+        for key in list(self.hot):
+            meta = self.table.get(key)
+            if meta is None or len(meta.replicas) <= meta.wanted_replicas:
+                self.hot.discard(key)
+                continue
+            window_over = now - meta.window_start_s > window
+            cooled = (window_over and meta.window_reads < self.table.config.hot_reads) or (
+                now - meta.last_access_s > window
+            )
+            if meta.moving or not cooled or meta.lease_until_s > now:
+                continue
+            live = [s for r in meta.replicas if (s := self.table.segment(r.segment_id))]
+            extra = min(live, key=lambda s: s.free_bytes, default=None)
+            if extra is not None:
+                self.table.drop_replica(key, extra)
+                self.counters["hot_replicas_dropped"] += 1
+
+    def _copy(self, meta: ObjectMeta, reason: str) -> CopyTask | None:
+        if meta.moving:
+            return None
+        holders = set()
+        sources = []
+        for r in meta.replicas:
+            seg = self.table.segment(r.segment_id)
+            if seg is not None:
+                holders.add(seg.node_id)
+                sources.append(seg)
+        if not sources:
+            return None
+        extent = sources[0].allocator.aligned(meta.size_bytes)
+        targets = [s for s in self.table.segments()
+                   if s.tier is Tier.DRAM and s.node_id not in holders
+                   and s.largest_free >= extent]  # fmt: skip
+        if not targets:
+            return None
+        dst = max(targets, key=lambda s: s.free_bytes)
+        src = min(sources, key=lambda s: {Tier.DRAM: 0, Tier.GPU: 1, Tier.NVME: 2}[s.tier])
+        started = self.table.begin_move(meta.key, src, dst)
+        if started is None:
+            return None
+        source, offset = started
+        until = self._clock() + self.config.copy_timeout_s
+        self.table.extend_lease(meta.key, until)
+        return CopyTask(meta.key, reason, source, src, dst, offset, meta.size_bytes,
+                        meta.checksum, until)  # fmt: skip
+
+    def complete(self, task: CopyTask, ok: bool) -> bool:
+        added = self.table.finish_copy(task.key, task.source, task.dst, task.dst_offset, ok)
+        if not added:
+            self.counters["copies_failed"] += 1
+            return False
+        if task.reason == "repair":
+            self.counters["repairs"] += 1
+            meta = self.table.get(task.key)
+            if meta is not None and len(meta.replicas) >= meta.wanted_replicas:
+                self.table.under_replicated.discard(task.key)
+        else:
+            self.counters["hot_replicas_added"] += 1
+            self.hot.add(task.key)
+        return True
