@@ -63,8 +63,23 @@ from mooncake_store.master.server import serve
 @click.option(
     "--nvme-low-watermark", type=float, default=None, help="NVMe fill dropping stops at [0.9]."
 )
-@click.option("--promote-after-reads", type=int, default=None,
-              help="Reads from NVMe that bring a block back to DRAM [2].")  # fmt: skip
+@click.option(
+    "--promote-after-reads",
+    type=int,
+    default=None,
+    help="Reads from NVMe that bring a block back to DRAM [2].",
+)
+@click.option(
+    "--hot-reads",
+    type=int,
+    default=None,
+    help="Reads within --hot-window that earn a block an extra replica [64; 0: off].",
+)
+@click.option(
+    "--hot-window", "hot_window_s", default=None, help="Window of the hot-block read count [10s]."
+)
+@click.option("--max-replicas", type=int, default=None,
+              help="Most replicas a hot block gets [3].")  # fmt: skip
 @click.option(
     "--config",
     "config_file",

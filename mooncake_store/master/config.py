@@ -33,6 +33,9 @@ class MasterConfig:
     nvme_low_watermark: float = 0.90
     promote_after_reads: int = 2
     max_moves_per_tick: int = 64
+    hot_reads: int = 64
+    hot_window_s: float = duration_field(10.0)
+    max_replicas: int = 3
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -67,6 +70,8 @@ class MasterConfig:
                 raise InvalidArgumentError(
                     f"{tier} watermarks must satisfy 0 < low <= high <= 1, got {low} and {high}"
                 )
+        if self.hot_reads < 0 or self.max_replicas < 1:
+            raise InvalidArgumentError("hot_reads must be >= 0 (0: off) and max_replicas >= 1")
         if self.promote_after_reads < 1 or self.max_moves_per_tick < 1:
             raise InvalidArgumentError("promote_after_reads and max_moves_per_tick must be >= 1")
         if self.max_message_bytes < 4 * 1024 * 1024:

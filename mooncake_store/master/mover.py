@@ -16,7 +16,9 @@ import grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK, ChecksumMismatchError
+from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.replication import CopyTask, Replication
 from mooncake_store.master.tiering import MoveTask, Tiering
 
 log = logging.getLogger("mooncake.master")
@@ -68,6 +70,35 @@ class NodeMover:
                 log.warning("moves on node %s failed: %s", node_id, exc.code().name)
         for task, code in zip(tasks, codes, strict=True):
             self.tiering.complete(task, code == OK, corrupt=code == ChecksumMismatchError.code)
+
+    async def copy(self, tasks: list[CopyTask], replication: Replication) -> None:
+        by_node: dict[str, list[CopyTask]] = defaultdict(list)
+        for task in tasks:
+            by_node[task.dst.node_id].append(task)
+        await asyncio.gather(*(self._copy_node(n, ts, replication) for n, ts in by_node.items()))
+
+    async def _copy_node(self, node_id: str, tasks: list[CopyTask],
+                         replication: Replication) -> None:  # fmt: skip
+        stub = self._stub(node_id)
+        codes = [-1] * len(tasks)
+        if stub is not None:
+            fetches = []
+            for t in tasks:
+                node = t.src.info.node
+                grant = Grant(t.src.segment_id, t.source.offset, t.size_bytes,
+                              int(t.lease_until_s * 1000), GrantMode.READ)  # fmt: skip
+                fetches.append(pb.FetchTask(
+                    key=t.key, src_endpoint=node.endpoint, grant=sign_grant(node.secret, grant),
+                    src_offset=t.source.offset, size_bytes=t.size_bytes, checksum=t.checksum,
+                    dst_segment=t.dst.segment_id, dst_offset=t.dst_offset,
+                ))  # fmt: skip
+            try:
+                reply = await stub.Fetch(pb.FetchRequest(tasks=fetches), timeout=self.timeout_s)
+                codes = [s.code for s in reply.statuses]
+            except grpc.aio.AioRpcError as exc:
+                log.warning("copies to node %s failed: %s", node_id, exc.code().name)
+        for task, code in zip(tasks, codes, strict=True):
+            replication.complete(task, code == OK)
 
     async def release(self, released: dict[int, list[int]]) -> None:
         for segment_id, offsets in released.items():

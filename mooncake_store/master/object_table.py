@@ -93,6 +93,12 @@ class ObjectMeta:
     wanted_replicas: int = 1  # what the put asked for: re-replication restores it
     window_start_s: float = 0.0  # hot-block detection: reads since window_start_s
     window_reads: int = 0
+    hold_until_s: float = 0.0  # a node-to-node copy reads the source until then
+
+    @property
+    def protected_until_s(self) -> float:
+        """Readers' leases and copies in flight keep the extents until then."""
+        return max(self.lease_until_s, self.hold_until_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +420,7 @@ class ObjectTable:
             meta is not None
             and meta.state is ObjectState.COMPLETE
             and not meta.moving
-            and meta.lease_until_s <= now
+            and meta.protected_until_s <= now
             and meta.pin_until_s <= now
         )
 
@@ -570,7 +576,7 @@ class ObjectTable:
             raise ObjectNotFoundError(f"no object under key {key!r}")
         if meta.state is not ObjectState.COMPLETE:
             raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
-        self._delete(meta, meta.lease_until_s)
+        self._delete(meta, meta.protected_until_s)
         self.counters["removes"] += 1
 
     # ---- time -------------------------------------------------------------------------------
@@ -655,7 +661,7 @@ class ObjectTable:
             return False
         assert meta is not None
         meta.replicas = [r for r in meta.replicas if r is not source]
-        self._free(key, [source], meta.lease_until_s)  # readers of the source keep it a while
+        self._free(key, [source], meta.protected_until_s)  # readers of the source keep it a while
         meta.replicas.append(Replica(dst.segment_id, offset))
         dst.keys.add(key)
         self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
@@ -670,6 +676,7 @@ class ObjectTable:
         valid = meta is not None and meta.moving and meta.state is ObjectState.COMPLETE
         if meta is not None:
             meta.moving = False
+            meta.hold_until_s = 0.0
         on_node = meta is not None and any(
             (s := self._segments.get(r.segment_id)) is not None and s.node_id == dst.node_id
             for r in meta.replicas
@@ -693,13 +700,14 @@ class ObjectTable:
             raise ValueError(f"{key!r} has a single replica; remove the object instead")
         replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
         meta.replicas = [r for r in meta.replicas if r is not replica]
-        self._free(key, [replica], meta.lease_until_s)
+        self._free(key, [replica], meta.protected_until_s)
         self._dirty[key] = True
 
-    def extend_lease(self, key: str, until_s: float) -> None:
+    def hold(self, key: str, until_s: float) -> None:
+        """Protect `key`'s extents for a node-to-node copy (released by finish_copy)."""
         meta = self._objects.get(key)
         if meta is not None:
-            meta.lease_until_s = max(meta.lease_until_s, until_s)
+            meta.hold_until_s = max(meta.hold_until_s, until_s)
 
     # ---- restore and stats ------------------------------------------------------------------
 
@@ -778,7 +786,7 @@ class ObjectTable:
     def _lose_replica(self, meta: ObjectMeta, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
         meta.replicas = [r for r in meta.replicas if r is not replica]
-        self._free(meta.key, [replica], meta.lease_until_s)
+        self._free(meta.key, [replica], meta.protected_until_s)
         self.counters["replicas_dropped"] += 1
         if meta.replicas:
             self._dirty[meta.key] = True

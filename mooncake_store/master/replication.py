@@ -90,7 +90,7 @@ class Replication:
             cooled = (window_over and meta.window_reads < self.table.config.hot_reads) or (
                 now - meta.last_access_s > window
             )
-            if meta.moving or not cooled or meta.lease_until_s > now:
+            if meta.moving or not cooled or meta.protected_until_s > now:
                 continue
             live = [s for r in meta.replicas if (s := self.table.segment(r.segment_id))]
             extra = min(live, key=lambda s: s.free_bytes, default=None)
@@ -123,7 +123,7 @@ class Replication:
             return None
         source, offset = started
         until = self._clock() + self.config.copy_timeout_s
-        self.table.extend_lease(meta.key, until)
+        self.table.hold(meta.key, until)
         return CopyTask(meta.key, reason, source, src, dst, offset, meta.size_bytes,
                         meta.checksum, until)  # fmt: skip
 

@@ -17,6 +17,7 @@ from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.persistence import MetadataStore
+from mooncake_store.master.replication import CopyTask, Replication, ReplicationConfig
 from mooncake_store.master.service import MasterServicer, add_to_server
 from mooncake_store.master.tiering import MoveTask, TierConfig, Tiering
 
@@ -45,6 +46,8 @@ class MasterServer:
                 restore_grace_s=config.restore_grace_s,
                 default_replicas=config.default_replicas,
                 alignment=config.alignment_bytes,
+                hot_window_s=config.hot_window_s,
+                hot_reads=config.hot_reads,
             ),
             clock=time.time,
             policy=make_policy(
@@ -67,7 +70,11 @@ class MasterServer:
                 max_moves_per_tick=config.max_moves_per_tick,
             ),
         )
+        self.replication = Replication(
+            self.table, ReplicationConfig(max_replicas=config.max_replicas), clock=time.time
+        )
         self.mover = NodeMover(self.table, self.tiering)
+        self._copying: asyncio.Task[None] | None = None
         self._servicer: MasterServicer | None = None
         self._moving: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -87,7 +94,9 @@ class MasterServer:
         if restored:
             log.info("restored %d committed objects from %s", restored, data_dir)
         server = grpc.aio.server(options=message_options(self.config.max_message_bytes))
-        self._servicer = MasterServicer(self.table, self._store, self.config, self.tiering)
+        self._servicer = MasterServicer(
+            self.table, self._store, self.config, self.tiering, self.replication
+        )
         add_to_server(self._servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -117,8 +126,9 @@ class MasterServer:
                 await self._ticker
             except asyncio.CancelledError:
                 pass
-        if self._moving is not None:
-            await asyncio.gather(self._moving, return_exceptions=True)
+        for task in (self._moving, self._copying):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
         await self.mover.close()
         if self._store is not None:
             await self._store.close()
@@ -150,10 +160,19 @@ class MasterServer:
             tasks = self.tiering.plan()
             if tasks:
                 self._moving = asyncio.get_running_loop().create_task(self._move(tasks))
+        if self._copying is None or self._copying.done():
+            copies = self.replication.plan()
+            if copies:
+                self._copying = asyncio.get_running_loop().create_task(self._copy(copies))
         await self._servicer.persist_dirty()
         released = self.table.take_released()
         if released:
             await self.mover.release(released)
+
+    async def _copy(self, tasks: list[CopyTask]) -> None:
+        assert self._servicer is not None
+        await self.mover.copy(tasks, self.replication)
+        await self._servicer.persist_dirty()
 
     async def _move(self, tasks: list[MoveTask]) -> None:
         assert self._servicer is not None

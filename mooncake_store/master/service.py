@@ -24,6 +24,7 @@ from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
 from mooncake_store.master.persistence import MetadataStore
+from mooncake_store.master.replication import Replication
 from mooncake_store.master.segments import InventoryItem, NodeInfo, Segment, SegmentInfo, Tier
 from mooncake_store.master.tiering import Tiering
 
@@ -55,12 +56,18 @@ def _location(
 
 class MasterServicer(pb_grpc.MasterServiceServicer):
     def __init__(
-        self, table: ObjectTable, store: MetadataStore, config: MasterConfig, tiering: Tiering
+        self,
+        table: ObjectTable,
+        store: MetadataStore,
+        config: MasterConfig,
+        tiering: Tiering,
+        replication: Replication,
     ) -> None:
         self.table = table
         self.store = store
         self.config = config
         self.tiering = tiering
+        self.replication = replication
 
     # ---- puts -----------------------------------------------------------------------------
 
@@ -311,6 +318,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         segments = self.table.segments()
         counters = dict(self.table.counters)
         counters.update(self.tiering.counters)
+        counters.update(self.replication.counters)
+        counters["hot_objects"] = len(self.replication.hot)
+        counters["under_replicated"] = len(self.table.under_replicated)
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
         return pb.StatsResponse(

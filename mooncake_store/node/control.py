@@ -1,7 +1,8 @@
 """The node's control service, called by the master: moves between tiers, releases.
 
 Moves: DRAM -> NVMe (demotion), NVMe -> DRAM (promotion), DRAM -> GPU (promotion of the
-hottest blocks), GPU -> DRAM (demotion at the GPU tier's high watermark).
+hottest blocks), GPU -> DRAM (demotion at the GPU tier's high watermark).  Fetches copy a block
+from another node (re-replication, hot replicas) over that node's data path.
 
 Moves run on the I/O thread pool.  A demotion checks the DRAM bytes against the block's
 checksum, writes them to the NVMe file, syncs it, and only then indexes the block, so the index
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from concurrent.futures import Executor
 
 import xxhash
@@ -20,6 +22,7 @@ import xxhash
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
+from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeBlock, NvmeTier, aligned
 
@@ -35,6 +38,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         self.executor = executor
         self.demoted = 0
         self.promoted = 0
+        self.fetched = 0
 
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
         loop = asyncio.get_running_loop()
@@ -99,9 +103,53 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             return None
         raise DataPathError(f"no move from segment {task.src_segment:x} to {task.dst_segment:x}")
 
+    async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
+        loop = asyncio.get_running_loop()
+        statuses = await loop.run_in_executor(
+            self.executor, lambda: [self._fetch(t) for t in request.tasks]
+        )
+        return pb.FetchResponse(statuses=statuses)
+
+    def _fetch(self, task: pb.FetchTask) -> pb.Status:
+        """Read a block from another node's data path straight into this node's pool."""
+        pool = self.dram.get(task.dst_segment)
+        if pool is None:
+            return pb.Status(code=DataPathError.code, message="fetch target is not a DRAM segment")
+        dest = pool[task.dst_offset : task.dst_offset + task.size_bytes]
+        host, _, port = task.src_endpoint.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(pack_request(Op.READ, task.grant, task.src_offset, task.size_bytes))
+                header = bytearray(RESPONSE.size)
+                _recv_exact(sock, memoryview(header))
+                status, _, length = RESPONSE.unpack(header)
+                if status != OK:
+                    message = bytearray(length)
+                    _recv_exact(sock, memoryview(message))
+                    return pb.Status(code=status, message=message.decode(errors="replace"))
+                if length != task.size_bytes:
+                    return pb.Status(code=DataPathError.code, message="source sent a wrong size")
+                _recv_exact(sock, dest)
+        except OSError as exc:
+            return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
+        if xxhash.xxh3_64_intdigest(dest) != task.checksum:
+            message = f"fetched copy of {task.key!r} failed its checksum"
+            return pb.Status(code=ChecksumMismatchError.code, message=message)
+        self.fetched += 1
+        return pb.Status(code=OK)
+
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:
         tier = self.nvme.get(request.segment_id)
         if tier is not None and request.offsets:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self.executor, tier.forget, list(request.offsets))
         return pb.Status(code=OK)
+
+
+def _recv_exact(sock: socket.socket, dest: memoryview) -> None:
+    got = 0
+    while got < len(dest):
+        n = sock.recv_into(dest[got:])
+        if n == 0:
+            raise OSError("source node closed the connection")
+        got += n
