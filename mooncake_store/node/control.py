@@ -133,8 +133,8 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         except OSError as exc:
             return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
         if xxhash.xxh3_64_intdigest(dest) != task.checksum:
-            message = f"fetched copy of {task.key!r} failed its checksum"
-            return pb.Status(code=ChecksumMismatchError.code, message=message)
+            problem = f"fetched copy of {task.key!r} failed its checksum"
+            return pb.Status(code=ChecksumMismatchError.code, message=problem)
         self.fetched += 1
         return pb.Status(code=OK)
 

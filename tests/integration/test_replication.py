@@ -1,4 +1,4 @@
-"""Replicas under failure: kill -9 under load, re-replication, SIGSTOP, hot blocks, master restarts."""
+"""Replicas under failure: kill -9 under load, repair, SIGSTOP, hot blocks, master restarts."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def nodes_of(table, key):
 
 
 def test_lost_replicas_are_repaired_on_another_node():
-    table, repl, clock = cluster()
+    table, repl, _ = cluster()
     commit(table, "k", replicas=2)
     lost = nodes_of(table, "k")[0]
     assert table.unmount(lost, 1) == []
