@@ -78,8 +78,9 @@ from mooncake_store.master.server import serve
 @click.option(
     "--hot-window", "hot_window_s", default=None, help="Window of the hot-block read count [10s]."
 )
-@click.option("--max-replicas", type=int, default=None,
-              help="Most replicas a hot block gets [3].")  # fmt: skip
+@click.option("--max-replicas", type=int, default=None, help="Most replicas a hot block gets [3].")
+@click.option("--max-copies-per-tick", type=int, default=None,
+              help="Node-to-node copies started per 250 ms tick [128].")  # fmt: skip
 @click.option(
     "--config",
     "config_file",

@@ -36,6 +36,7 @@ class MasterConfig:
     hot_reads: int = 64
     hot_window_s: float = duration_field(10.0)
     max_replicas: int = 3
+    max_copies_per_tick: int = 128
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -719,6 +719,8 @@ class ObjectTable:
             self._objects[meta.key] = meta
             for replica in meta.replicas:
                 self._orphans.setdefault(replica.segment_id, set()).add(meta.key)
+            if len(meta.replicas) < meta.wanted_replicas:
+                self.under_replicated.add(meta.key)
             count += 1
         return count
 

@@ -71,7 +71,11 @@ class MasterServer:
             ),
         )
         self.replication = Replication(
-            self.table, ReplicationConfig(max_replicas=config.max_replicas), clock=time.time
+            self.table,
+            ReplicationConfig(
+                max_replicas=config.max_replicas, max_copies_per_tick=config.max_copies_per_tick
+            ),
+            clock=time.time,
         )
         self.mover = NodeMover(self.table, self.tiering)
         self._copying: asyncio.Task[None] | None = None

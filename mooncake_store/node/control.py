@@ -105,32 +105,46 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
         loop = asyncio.get_running_loop()
-        statuses = await loop.run_in_executor(
-            self.executor, lambda: [self._fetch(t) for t in request.tasks]
-        )
+        statuses = await loop.run_in_executor(self.executor, self._fetch_all, list(request.tasks))
         return pb.FetchResponse(statuses=statuses)
 
-    def _fetch(self, task: pb.FetchTask) -> pb.Status:
+    def _fetch_all(self, tasks: list[pb.FetchTask]) -> list[pb.Status]:
+        """Fetch each block, reusing one connection per source node."""
+        conns: dict[str, socket.socket] = {}
+        try:
+            return [self._fetch(t, conns) for t in tasks]
+        finally:
+            for sock in conns.values():
+                sock.close()
+
+    def _fetch(self, task: pb.FetchTask, conns: dict[str, socket.socket]) -> pb.Status:
         """Read a block from another node's data path straight into this node's pool."""
         pool = self.dram.get(task.dst_segment)
         if pool is None:
             return pb.Status(code=DataPathError.code, message="fetch target is not a DRAM segment")
         dest = pool[task.dst_offset : task.dst_offset + task.size_bytes]
-        host, _, port = task.src_endpoint.rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=30) as sock:
-                sock.sendall(pack_request(Op.READ, task.grant, task.src_offset, task.size_bytes))
-                header = bytearray(RESPONSE.size)
-                _recv_exact(sock, memoryview(header))
-                status, _, length = RESPONSE.unpack(header)
-                if status != OK:
-                    message = bytearray(length)
-                    _recv_exact(sock, memoryview(message))
-                    return pb.Status(code=status, message=message.decode(errors="replace"))
-                if length != task.size_bytes:
-                    return pb.Status(code=DataPathError.code, message="source sent a wrong size")
-                _recv_exact(sock, dest)
+            sock = conns.get(task.src_endpoint)
+            if sock is None:
+                host, _, port = task.src_endpoint.rpartition(":")
+                sock = conns[task.src_endpoint] = socket.create_connection((host, int(port)), 30)
+            sock.sendall(pack_request(Op.READ, task.grant, task.src_offset, task.size_bytes))
+            header = bytearray(RESPONSE.size)
+            _recv_exact(sock, memoryview(header))
+            status, _, length = RESPONSE.unpack(header)
+            if status != OK:
+                message = bytearray(length)
+                _recv_exact(sock, memoryview(message))
+                conns.pop(task.src_endpoint).close()  # the source may close it: start afresh
+                return pb.Status(code=status, message=message.decode(errors="replace"))
+            if length != task.size_bytes:
+                conns.pop(task.src_endpoint).close()
+                return pb.Status(code=DataPathError.code, message="source sent a wrong size")
+            _recv_exact(sock, dest)
         except OSError as exc:
+            dropped = conns.pop(task.src_endpoint, None)
+            if dropped is not None:
+                dropped.close()
             return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
         if xxhash.xxh3_64_intdigest(dest) != task.checksum:
             problem = f"fetched copy of {task.key!r} failed its checksum"

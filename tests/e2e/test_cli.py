@@ -204,3 +204,19 @@ def test_replay_trace_weighted_beats_lru_through_the_store(tmp_path):
     assert lru["hit_rate"] == pytest.approx(lru["lru_hit_rate"])  # the store's LRU = simulated LRU
     assert weighted["hit_rate"] > 1.5 * lru["hit_rate"]
     assert weighted["hit_rate"] == pytest.approx(weighted["weighted_sim_hit_rate"], abs=0.02)
+
+
+def test_chaos_harness_reports_no_wrong_or_lost_blocks(tmp_path):
+    out = tmp_path / "chaos.json"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--duration", "10", "--nodes", "3", "--clients", "2",
+         "--fault-interval", "1.5", "--max-puts", "300", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["acked_blocks"] > 0 and report["reads"] >= report["acked_blocks"]
+    assert report["wrong_bytes"] == 0 and report["lost_acked_blocks"] == 0
+    assert sum(report["faults_injected"].values()) >= 2 and report["settled"]
+    assert {"errors", "faults_injected", "acked_blocks"} <= set(report)
