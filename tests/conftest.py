@@ -30,6 +30,23 @@ def wait_until(
         time.sleep(interval_s)
 
 
+def replica_list(master: str, key: str) -> object:
+    """The master's replica list for `key` (a read: it grants a lease and counts an access)."""
+    import asyncio
+
+    from mooncake_store.client.master_client import MasterClient
+    from mooncake_store.client.types import Retry
+
+    async def call() -> object:
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            return (await client.get_replica_list([key]))[0]
+        finally:
+            await client.close()
+
+    return asyncio.run(call())
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A master and three 64 MiB nodes, shared by a test module."""

@@ -75,39 +75,20 @@ class Tiering:
                 continue
             nvme = self.table.node_segment(seg.node_id, Tier.NVME)
             if nvme is not None and seg.fill > self.config.dram_high_watermark:
-                tasks += self._demote(seg, nvme, budget - len(tasks))
+                low = self.config.dram_low_watermark
+                tasks += self._demote(seg, nvme, low, budget - len(tasks))
         for seg in self.table.segments():
             if seg.tier is not Tier.GPU or budget <= len(tasks):
                 continue
             dram = self.table.node_segment(seg.node_id, Tier.DRAM)
             if dram is not None and seg.fill > self.config.gpu_high_watermark:
-                tasks += self._demote_gpu(seg, dram, budget - len(tasks))
+                low = self.config.gpu_low_watermark
+                tasks += self._demote(seg, dram, low, budget - len(tasks))
         if len(tasks) < budget:
             tasks += self._promote(budget - len(tasks))
         if len(tasks) < budget:
             tasks += self._promote_to_gpu(budget - len(tasks))
         self.table.read_keys.clear()
-        return tasks
-
-    def _demote_gpu(self, gpu: Segment, dram: Segment, budget: int) -> list[MoveTask]:
-        tasks: list[MoveTask] = []
-        target = self.config.gpu_low_watermark * gpu.allocator.capacity_bytes
-        projected = gpu.allocator.used_bytes
-        while projected > target and len(tasks) < budget:
-            key = self.table.policy.pick(gpu.segment_id, self.table.evictable)
-            if key is None:
-                break
-            meta = self.table.get(key)
-            assert meta is not None
-            extent = gpu.allocator.aligned(meta.size_bytes)
-            if dram.largest_free < extent:
-                self.table.make_room(dram, extent)
-            started = self.table.begin_move(key, gpu, dram)
-            if started is None:  # DRAM cannot take it back: the GPU copy is evicted
-                self.table.evict(key, gpu)
-            else:
-                tasks.append(self._task(key, gpu, dram, *started))
-            projected -= extent
         return tasks
 
     def _promote_to_gpu(self, budget: int) -> list[MoveTask]:
@@ -142,24 +123,29 @@ class Tiering:
             self.table.evict(victim, seg)
             self.counters["nvme_drops"] += 1
 
-    def _demote(self, dram: Segment, nvme: Segment, budget: int) -> list[MoveTask]:
+    def _demote(self, src: Segment, dst: Segment, low: float, budget: int) -> list[MoveTask]:
+        """Move `src`'s lowest-value blocks to the slower `dst` until `src` is at `low` fill.
+
+        `dst` makes room by evicting its own lowest-value blocks; a block that still does not
+        fit is evicted from `src` instead.
+        """
         tasks: list[MoveTask] = []
-        target = self.config.dram_low_watermark * dram.allocator.capacity_bytes
-        projected = dram.allocator.used_bytes
+        target = low * src.allocator.capacity_bytes
+        projected = src.allocator.used_bytes
         while projected > target and len(tasks) < budget:
-            key = self.table.policy.pick(dram.segment_id, self.table.evictable)
+            key = self.table.policy.pick(src.segment_id, self.table.evictable)
             if key is None:
                 break
             meta = self.table.get(key)
             assert meta is not None
-            extent = dram.allocator.aligned(meta.size_bytes)
-            if nvme.largest_free < extent:
-                self.table.make_room(nvme, extent)
-            started = self.table.begin_move(key, dram, nvme)
-            if started is None:  # NVMe cannot take it: the DRAM copy is simply evicted
-                self.table.evict(key, dram)
+            extent = src.allocator.aligned(meta.size_bytes)
+            if dst.largest_free < extent:
+                self.table.make_room(dst, extent)
+            started = self.table.begin_move(key, src, dst)
+            if started is None:
+                self.table.evict(key, src)
             else:
-                tasks.append(self._task(key, dram, nvme, *started))
+                tasks.append(self._task(key, src, dst, *started))
             projected -= extent
         return tasks
 

@@ -26,18 +26,7 @@ from mooncake_store.client.transport import ShmMapper, TcpPool
 from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
-from tests.conftest import FAST_MASTER, wait_until
-
-
-def replica_list(master: str, key: str):
-    async def call():
-        client = MasterClient(master, timeout_s=5, retry=Retry())
-        try:
-            return (await client.get_replica_list([key]))[0]
-        finally:
-            await client.close()
-
-    return asyncio.run(call())
+from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 
 def put_start(master: str, key: str, size: int):

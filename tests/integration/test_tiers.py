@@ -8,10 +8,8 @@ import signal
 import pytest
 
 from mooncake_store import ChecksumMismatchError, Client, ObjectNotFoundError
-from mooncake_store.client.master_client import MasterClient
-from mooncake_store.client.types import Retry
 from mooncake_store.cluster import LocalCluster
-from tests.conftest import FAST_MASTER, wait_until
+from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 BLOCK = 256 * 1024
 TIER_MASTER = [*FAST_MASTER, "--dram-high-watermark", "0.5", "--dram-low-watermark", "0.25",
@@ -27,19 +25,6 @@ def per_tier(store: Client) -> dict[str, int]:
     for row in store.list_nodes():
         out[row.tier] = out.get(row.tier, 0) + row.objects
     return out
-
-
-def replicas(master: str, key: str):
-    import asyncio
-
-    async def call():
-        client = MasterClient(master, timeout_s=5, retry=Retry())
-        try:
-            return (await client.get_replica_list([key]))[0]
-        finally:
-            await client.close()
-
-    return asyncio.run(call())
 
 
 @pytest.fixture
@@ -72,12 +57,12 @@ def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
         cold = next(
             f"p/{i}"
             for i in range(12)
-            if replicas(tiered.master_address, f"p/{i}").replicas[0].tier == "NVME"
+            if replica_list(tiered.master_address, f"p/{i}").replicas[0].tier == "NVME"
         )
         store.get(cold)
         store.get(cold)
         wait_until(
-            lambda: replicas(tiered.master_address, cold).replicas[0].tier == "DRAM",
+            lambda: replica_list(tiered.master_address, cold).replicas[0].tier == "DRAM",
             what="promotion back to DRAM",
         )
         assert store.get(cold) == value(int(cold.split("/")[1]))
@@ -92,7 +77,7 @@ def test_restarted_node_reports_its_nvme_blocks(tiered):
         on_nvme = [
             f"r/{i}"
             for i in range(12)
-            if replicas(tiered.master_address, f"r/{i}").replicas[0].tier == "NVME"
+            if replica_list(tiered.master_address, f"r/{i}").replicas[0].tier == "NVME"
         ]
         tiered.nodes[0].signal(signal.SIGKILL)
         tiered.nodes[0].proc.wait()
@@ -113,10 +98,10 @@ def test_corrupt_nvme_block_is_never_served(tiered, tmp_path):
         on_nvme = [
             f"c/{i}"
             for i in range(12)
-            if replicas(tiered.master_address, f"c/{i}").replicas[0].tier == "NVME"
+            if replica_list(tiered.master_address, f"c/{i}").replicas[0].tier == "NVME"
         ]
         victim, other = on_nvme[0], on_nvme[1]
-        offset = replicas(tiered.master_address, victim).replicas[0].offset
+        offset = replica_list(tiered.master_address, victim).replicas[0].offset
         data = tmp_path / "nvme" / "blocks.dat"
         with open(data, "r+b") as f:  # flip bytes under the running node
             f.seek(offset + 100)
@@ -141,7 +126,7 @@ def test_pinned_blocks_stay_in_dram(tiered):
         for i in range(14):
             store.put(f"filler/{i}", value(i))
         wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
-        assert replicas(tiered.master_address, "pinned").replicas[0].tier == "DRAM"
+        assert replica_list(tiered.master_address, "pinned").replicas[0].tier == "DRAM"
         assert store.get("pinned") == value(99)
 
 
