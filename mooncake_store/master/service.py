@@ -257,6 +257,12 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             ]  # fmt: skip
         except ValueError as exc:
             return pb.MountSegmentResponse(status=_status(InvalidArgumentError(str(exc))))
+        if self.config.alignment_bytes % 4096 and any(i.tier.persistent for i, _ in segments):
+            problem = (
+                f"an NVMe tier needs the master's alignment_bytes to be a multiple of 4096 "
+                f"(O_DIRECT), it is {self.config.alignment_bytes}"
+            )
+            return pb.MountSegmentResponse(status=_status(InvalidArgumentError(problem)))
         known = self.table.node(node.node_id)
         fresh = known is None or known.info.incarnation != node.incarnation
         self.table.mount(node, segments)

@@ -147,3 +147,16 @@ def test_node_flags_are_checked(tmp_path):
          "127.0.0.1:1"], capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_master_refuses_nvme_with_an_alignment_o_direct_cannot_use(tmp_path):
+    config = tmp_path / "master.toml"
+    config.write_text("alignment_bytes = 512\n")
+    nvme = ["--nvme-dir", str(tmp_path / "nvme"), "--nvme", "4MiB"]
+    cluster = LocalCluster(tmp_path / "c", nodes=0, master_args=["--config", str(config)])
+    with cluster:
+        cluster.add_node(*nvme, dram="4MiB")
+        log = cluster.log_dir / "node-0.log"
+        wait_until(lambda: "multiple of 4096" in log.read_text(), what="the refusal")
+        with Client(cluster.master_address) as store:
+            assert store.list_nodes() == []
