@@ -7,8 +7,9 @@ measures, one client thread:
   ours-tcp   the same calls over the TCP data path (local_shm=False)
   memcpy     numpy.copyto between two warm buffers in one process (upper bound, same host)
   tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
-Each case writes --total-mib of distinct keys (capped at --max-seconds), reads them all back
-into one warm buffer, then removes them.  Prints a table and writes JSON records.
+Each case writes --total-mib of distinct keys (capped at --max-seconds) from a rotating set of
+up to 256 MiB of distinct pre-faulted buffers (so nothing runs from the CPU cache), reads them
+all back into another such set, then removes them.  Prints a table and writes JSON records.
 
     python scripts/bench.py [--sizes 64K,1M,4M,16M] [--total-mib 256] [--json OUT.json]
 """
@@ -94,20 +95,37 @@ def timed(count: int, max_s: float, op) -> tuple[list[float], float]:
     return samples, time.perf_counter() - start
 
 
+WORKING_SET = 256 << 20  # distinct buffers, so no case runs from the CPU cache
+
+
+def buffers(size: int, count: int, *, fill: bool) -> list[np.ndarray]:
+    """`count` distinct, pre-faulted buffers covering up to WORKING_SET bytes (reused in turn)."""
+    n = max(1, min(count, WORKING_SET // size))
+    rng = np.random.default_rng(size)
+    if fill:
+        return [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(n)]
+    return [np.ones(size, dtype=np.uint8) for _ in range(n)]
+
+
 def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: bool) -> dict:
     system = "ours-shm" if local_shm else "ours-tcp"
-    src = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
-    dst = np.zeros(size, dtype=np.uint8)
+    srcs = buffers(size, count, fill=True)
+    dsts = buffers(size, count, fill=False)
     with Client(master, local_shm=local_shm) as store:
         keys = [f"bench/{system}/{size}/{i}" for i in range(count)]
-        store.put_from("warmup", src)  # maps the pool, opens connections
-        store.get_into("warmup", dst)
+        store.put_from("warmup", srcs[0])  # maps the pool, opens connections
+        store.get_into("warmup", dsts[0])
         store.remove("warmup")
-        put_s, put_wall = timed(count, max_s, lambda i: store.put_from(keys[i], src))
+        put_s, put_wall = timed(
+            count, max_s, lambda i: store.put_from(keys[i], srcs[i % len(srcs)])
+        )
         written = keys[: len(put_s)]
-        get_s, get_wall = timed(len(written), max_s, lambda i: store.get_into(written[i], dst))
-        if not np.array_equal(src, dst):
-            raise SystemExit(f"{system} {size}: bytes read back differ from bytes written")
+        get_s, get_wall = timed(
+            len(written), max_s, lambda i: store.get_into(written[i], dsts[i % len(dsts)])
+        )
+        for i in range(min(len(written), len(srcs))):
+            if not np.array_equal(srcs[i], dsts[i]):
+                raise SystemExit(f"{system} {size}: bytes read back differ from bytes written")
         for start in range(0, len(written), 256):
             store.remove_many(written[start : start + 256])
         deadline = time.monotonic() + 30
@@ -119,10 +137,11 @@ def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: 
 
 
 def bench_memcpy(size: int, count: int, max_s: float) -> dict:
-    src = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
-    dst = np.zeros(size, dtype=np.uint8)
-    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(dst, src))
-    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(src, dst))
+    srcs = buffers(size, count, fill=True)
+    dsts = buffers(size, count, fill=False)
+    n = len(srcs)
+    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(dsts[i % n], srcs[i % n]))
+    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(srcs[i % n], dsts[i % n]))
     return record("memcpy", size, put_s, get_s, put_wall, get_wall)
 
 
