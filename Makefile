@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv proto bench clean lint
+.PHONY: run test venv proto bench bench-compare peers clean lint
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench.py $(ARGS)
 
+# The real Mooncake Store and Redis, for scripts/bench_compare.py (not needed by the tests).
+peers:
+	bash scripts/install-peers.sh
+
+bench-compare: $(STAMP)
+	$(PY) scripts/bench_compare.py $(ARGS)
+
 lint: $(STAMP)
 	$(PIP) install --quiet -e '.[test,dev]'
 	$(VENV)/bin/ruff check mooncake_store tests scripts
@@ -41,4 +48,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) mooncake-data .pytest_cache
+	rm -rf $(VENV) .peers-venv mooncake-data .pytest_cache

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Our store next to the real Mooncake Store, Redis and the machine's limits, in one run.
+
+For each block size in turn (interleaved, so every system sees the same machine state) it
+measures:
+  ours-shm       put_from/get_into through a node's shared memory (client on the same host)
+  ours-tcp       the same over the TCP data path
+  memcpy, tcp    the physical limits (numpy copy between DRAM buffers; raw loopback TCP)
+  mooncake-shm   Mooncake Store, dummy client -> real client over shared memory (put_from/get_into)
+  mooncake-tcp   Mooncake Store, segment in a second process, TCP transport (put_from/get_into)
+  redis          redis-server with redis-py + hiredis (SET/GET)
+Ours are measured here (one Client per thread); the peers run through the peer harness in
+`../shared/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
+that is not installed is skipped, and the script says so.  Prints a table with our/peer ratios,
+writes JSON records and, with matplotlib installed (`pip install '.[bench]'`), a PNG plot.
+
+    python scripts/bench_compare.py [--sizes 64K,1M,4M,16M] [--threads 1,2,4]
+        [--systems ours-shm,ours-tcp,mooncake-shm,mooncake-tcp,redis,memcpy,tcp]
+        [--json OUT.json] [--plot OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench  # noqa: E402  (scripts/bench.py: limits and the single-thread store case)
+
+from mooncake_store import Client  # noqa: E402
+from mooncake_store.cluster import LocalCluster  # noqa: E402
+from mooncake_store.common.units import parse_size  # noqa: E402
+
+ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp"]
+PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
+         "redis": ("redis", None)}  # fmt: skip
+HARNESS = ROOT.parent / "shared" / "peers" / "bench_peers.py"
+PEERS_PY = ROOT / ".peers-venv" / "bin" / "python"
+
+
+def ours(master: str, size: int, count: int, max_s: float, threads: int, shm: bool) -> dict:
+    """Our store with `threads` client threads, each with its own Client and keys."""
+    if threads == 1:
+        return bench.bench_store(master, size, count, max_s, local_shm=shm)
+    per = max(1, count // threads)
+    system = "ours-shm" if shm else "ours-tcp"
+
+    def worker(t: int) -> tuple[list[float], list[float], float, float]:
+        src = bench.buffers(size, per, fill=True)
+        dst = bench.buffers(size, per, fill=False)
+        keys = [f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
+        with Client(master, local_shm=shm) as store:
+
+            def put(i: int) -> None:
+                store.put_from(keys[i], src[i % len(src)])
+
+            put_s, put_wall = bench.timed(per, max_s, put)
+            done = keys[: len(put_s)]
+
+            def get(i: int) -> None:
+                store.get_into(done[i], dst[i % len(dst)])
+
+            get_s, get_wall = bench.timed(len(done), max_s, get)
+            for i in range(min(len(done), len(src))):
+                if not np.array_equal(src[i], dst[i]):
+                    raise SystemExit(f"{system}: bytes read back differ from bytes written")
+            store.remove_many(done)
+        return put_s, get_s, put_wall, get_wall
+
+    with ThreadPoolExecutor(threads) as pool:
+        results = list(pool.map(worker, range(threads)))
+    put_s = [x for r in results for x in r[0]]
+    get_s = [x for r in results for x in r[1]]
+    rec = bench.record(system, size, put_s, get_s, max(r[2] for r in results),
+                       max(r[3] for r in results))  # fmt: skip
+    rec["threads"] = threads
+    return rec
+
+
+def peers(names: list[str], size: int, threads: list[int], total_mib: int, max_s: float,
+          workdir: str) -> list[dict]:  # fmt: skip
+    """Run the peer harness for one size; [] (with a message) when it is not installed."""
+    if not names:
+        return []
+    if not HARNESS.exists() or not PEERS_PY.exists():
+        print(f"skipping {', '.join(names)}: run `make peers` (needs {PEERS_PY} and {HARNESS})",
+              flush=True)  # fmt: skip
+        return []
+    out = Path(workdir) / f"peers-{size}.json"
+    cmd = [str(PEERS_PY), str(HARNESS), "run", "--peers", ",".join(PEERS[n][0] for n in names),
+           "--sizes", str(size), "--threads", ",".join(map(str, threads)), "--runs", "1",
+           "--total-mib", str(total_mib), "--max-seconds", str(max_s), "--retry-noisy", "0",
+           "--json-out", str(out), "--logdir", str(Path(workdir) / "peer-logs")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not out.exists():
+        print(f"peer harness failed ({proc.returncode}): {proc.stderr[-1500:]}", flush=True)
+        return []
+    rows = json.loads(out.read_text())["summary"]
+    records = []
+    for name in names:
+        peer, api = PEERS[name]
+        for t in threads:
+            got = {r["op"]: r for r in rows if r["peer"] == peer and r["threads"] == t
+                   and (api is None or r["api"] == api) and r["size"] == size}  # fmt: skip
+            if "put" in got and "get" in got:
+                records.append({
+                    "system": name, "size_bytes": size, "threads": t,
+                    "put_gbps": got["put"]["gbps"], "get_gbps": got["get"]["gbps"],
+                    "put_p50_us": got["put"]["p50_us"], "get_p50_us": got["get"]["p50_us"],
+                    "put_p99_us": got["put"]["p99_us"], "get_p99_us": got["get"]["p99_us"],
+                })  # fmt: skip
+    return records
+
+
+def table(records: list[dict]) -> str:
+    lines = [f"{'size':>5} {'thr':>3} {'system':<13} {'put GB/s':>9} {'get GB/s':>9} "
+             f"{'put p50us':>9} {'get p50us':>9}  ours/peer (put, get)"]  # fmt: skip
+    index = {(r["system"], r["size_bytes"], r["threads"]): r for r in records}
+    pairs = {"mooncake-shm": "ours-shm", "mooncake-tcp": "ours-tcp", "redis": "ours-shm",
+             "memcpy": "ours-shm", "tcp": "ours-tcp"}  # fmt: skip
+    for r in sorted(records, key=lambda r: (r["size_bytes"], r["threads"], ALL.index(r["system"]))):
+        size = r["size_bytes"]
+        label = f"{size >> 20}M" if size >= 1 << 20 else f"{size >> 10}K"
+        ratio = ""
+        mine = index.get((pairs.get(r["system"], ""), size, r["threads"]))
+        if mine is not None and r["put_gbps"] and r["get_gbps"]:
+            ratio = (f"{mine['system']}: {mine['put_gbps'] / r['put_gbps']:.2f}x, "
+                     f"{mine['get_gbps'] / r['get_gbps']:.2f}x")  # fmt: skip
+        lines.append(f"{label:>5} {r['threads']:>3} {r['system']:<13} {r['put_gbps']:>9.2f} "
+                     f"{r['get_gbps']:>9.2f} {r['put_p50_us']:>9.0f} {r['get_p50_us']:>9.0f}  "
+                     f"{ratio}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install '.[bench]'): no plot", flush=True)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, op in zip(axes, ("put", "get"), strict=True):
+        for system in ALL:
+            rs = sorted((r for r in records if r["system"] == system and r["threads"] == 1),
+                        key=lambda r: r["size_bytes"])  # fmt: skip
+            if rs:
+                ax.plot([r["size_bytes"] for r in rs], [r[f"{op}_gbps"] for r in rs],
+                        marker="o", label=system)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("block size (bytes)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{op}, one client thread")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="64K,1M,4M,16M")
+    parser.add_argument("--threads", default="1,2,4")
+    parser.add_argument("--systems", default=",".join(ALL))
+    parser.add_argument("--total-mib", type=int, default=256, help="bytes per case")
+    parser.add_argument("--max-ops", type=int, default=2000)
+    parser.add_argument("--max-seconds", type=float, default=10.0, help="cap per phase")
+    parser.add_argument("--json", default="bench-results/compare.json")
+    parser.add_argument("--plot", default="bench-results/compare.png")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in ALL]
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {','.join(ALL)}")
+    total = args.total_mib << 20
+    records: list[dict] = []
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="mooncake-compare-") as tmp:
+        dram = f"{max(2 * total + (64 << 20), max(sizes) * 16) >> 20}MiB"
+        with LocalCluster(tmp, nodes=1, dram=dram, master_args=["--lease-ttl", "1s"]) as cluster:
+            for size in sizes:
+                count = max(1, min(args.max_ops, total // size))
+                for t in threads:
+                    for system, shm in (("ours-shm", True), ("ours-tcp", False)):
+                        if system in systems:
+                            records.append(ours(cluster.master_address, size, count,
+                                                args.max_seconds, t, shm))  # fmt: skip
+                if "memcpy" in systems:
+                    records.append(bench.bench_memcpy(size, count, args.max_seconds))
+                if "tcp" in systems:
+                    records.append(bench.bench_tcp(size, count, args.max_seconds))
+                records += peers([s for s in systems if s in PEERS], size, threads,
+                                 args.total_mib, args.max_seconds, tmp)  # fmt: skip
+                print(f"size {size}: done ({time.time() - started:.0f} s)", flush=True)
+    for r in records:
+        r.setdefault("threads", 1)
+    print(table(records))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, indent=2))
+    print(f"wrote {out}")
+    if args.plot:
+        plot(records, args.plot)
+
+
+if __name__ == "__main__":
+    main()
