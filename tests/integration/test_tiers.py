@@ -40,20 +40,22 @@ def test_pressure_demotes_to_nvme_and_reads_back_exact(tiered):
         keys = [f"t/{i}" for i in range(12)]  # 3 MiB into a 4 MiB DRAM tier at 50% high
         for i, key in enumerate(keys):
             store.put(key, value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion to NVMe")
-        assert per_tier(store)["DRAM"] <= 4  # down to the low watermark (25% = 4 blocks)
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion to NVMe")
+        # Demotion runs while puts still arrive, so DRAM ends between the low (25% = 4
+        # blocks) and the high (50% = 8 blocks) watermark.
+        assert per_tier(store)["DRAM"] <= 8
         for i, key in enumerate(keys):
             assert store.get(key) == value(i)
-        assert store.counters["nvme_reads"] >= 6  # served from NVMe over TCP, checksummed
+        assert store.counters["nvme_reads"] >= 4  # served from NVMe over TCP, checksummed
         counters = store.stats().counters
-        assert counters["demotions"] >= 6 and counters["moves_failed"] == 0
+        assert counters["demotions"] >= 4 and counters["moves_failed"] == 0
 
 
 def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
     with Client(tiered.master_address) as store:
         for i in range(12):
             store.put(f"p/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
         cold = next(
             f"p/{i}"
             for i in range(12)
@@ -73,7 +75,7 @@ def test_restarted_node_reports_its_nvme_blocks(tiered):
     with Client(tiered.master_address) as store:
         for i in range(12):
             store.put(f"r/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
         on_nvme = [
             f"r/{i}"
             for i in range(12)
@@ -94,7 +96,7 @@ def test_corrupt_nvme_block_is_never_served(tiered, tmp_path):
     with Client(tiered.master_address) as store:
         for i in range(12):
             store.put(f"c/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
         on_nvme = [
             f"c/{i}"
             for i in range(12)
@@ -125,7 +127,7 @@ def test_pinned_blocks_stay_in_dram(tiered):
         store.put("pinned", value(99), pin=True)
         for i in range(14):
             store.put(f"filler/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 6, what="demotion")
+        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
         assert replica_list(tiered.master_address, "pinned").replicas[0].tier == "DRAM"
         assert store.get("pinned") == value(99)
 
