@@ -279,7 +279,9 @@ class AsyncClient:
                 p.plan = plan
         to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
         try:
-            await asyncio.gather(*(self._write_replicas(p) for p in to_write))
+            # Replicas in pools already mapped on this host are plain copies: no task each.
+            remote = [p for p in to_write if not self._write_local(p)]
+            await asyncio.gather(*(self._write_replicas(p) for p in remote))
         except BaseException:
             # Cancelled or broken mid-write: leave nothing pending behind (best effort; the
             # master also reclaims puts that never end).
@@ -478,12 +480,44 @@ class AsyncClient:
                     f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
                     f"pass a buffer of at least {info.size_bytes} bytes"
                 )
-        await asyncio.gather(
-            *(
-                self._read(k, i, v[: i.size_bytes])
-                for k, i, v in zip(keys, infos, views, strict=False)
-            )
-        )
+        remote = [
+            (k, i, v[: i.size_bytes])
+            for k, i, v in zip(keys, infos, views, strict=False)
+            if not self._read_local(i, v[: i.size_bytes])
+        ]
+        await asyncio.gather(*(self._read(k, i, v) for k, i, v in remote))
+
+    def _mapped(self, loc: ReplicaLocation) -> memoryview | None:
+        """The pool of `loc` if it is a DRAM replica already mapped on this host."""
+        if not self.local_shm or loc.tier != "DRAM":
+            return None
+        return self._shm.cached(loc)
+
+    def _read_local(self, info: ReplicaList, dest: memoryview) -> bool:
+        """Copy from an already-mapped same-host replica; False means: take the full path."""
+        for loc in info.replicas:
+            pool = self._mapped(loc)
+            if pool is not None:
+                dest[:] = pool[loc.offset : loc.offset + info.size_bytes]
+                if checksum(dest) == info.checksum:
+                    self.counters["shm_reads"] += 1
+                    self.counters["dram_reads"] += 1
+                    return True
+                return False  # the full path retries every replica and reports the failure
+        return False
+
+    def _write_local(self, p: _Pending) -> bool:
+        """Write every replica by plain copies when all are in mapped same-host pools."""
+        assert p.plan is not None
+        pools = [self._mapped(loc) for loc in p.plan.replicas]
+        if any(pool is None for pool in pools):
+            return False
+        for loc, pool in zip(p.plan.replicas, pools, strict=True):
+            assert pool is not None
+            pool[loc.offset : loc.offset + len(p.value)] = p.value
+            self.counters["shm_writes"] += 1
+        p.failed = []
+        return True
 
     async def _read(self, key: str, info: ReplicaList, dest: memoryview) -> None:
         ordered = await self._by_locality(info.replicas)

@@ -181,7 +181,11 @@ class _Connection(asyncio.BufferedProtocol):
     def request(
         self, frame: bytes, payload: memoryview | None, dest: memoryview | None
     ) -> asyncio.Future[bytes]:
-        assert self.transport is not None and self._stage == "idle"
+        if self.transport is None or self.broken or self._stage != "idle":
+            # The node closed the connection between it being handed out and used (it died,
+            # or dropped it): a data-path failure the caller falls over from.
+            self.broken = True
+            raise DataPathError("connection to store node lost before the request was sent")
         self._done = asyncio.get_running_loop().create_future()
         self._dest = dest
         self._stage, self._target, self._filled = "header", memoryview(self._header), 0
@@ -199,9 +203,9 @@ class TcpPool:
         self.max_idle = max_idle_per_node
         self._idle: dict[str, list[_Connection]] = {}
 
-    async def _acquire(self, endpoint: str) -> _Connection:
+    async def _acquire(self, endpoint: str, *, fresh: bool = False) -> _Connection:
         idle = self._idle.get(endpoint)
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
             if not conn.broken and conn.transport is not None:
                 return conn
@@ -226,10 +230,21 @@ class TcpPool:
     async def _exchange(
         self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
     ) -> None:
-        conn = await self._acquire(loc.endpoint)
         frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+        conn = await self._acquire(loc.endpoint)
         try:
-            await asyncio.wait_for(conn.request(frame, payload, dest), self.timeout_s)
+            reply = conn.request(frame, payload, dest)
+        except DataPathError:
+            # An idle connection the node closed meanwhile: one retry on a new connection.
+            self._release(loc.endpoint, conn)
+            conn = await self._acquire(loc.endpoint, fresh=True)
+            try:
+                reply = conn.request(frame, payload, dest)
+            except DataPathError:
+                self._release(loc.endpoint, conn)
+                raise
+        try:
+            await asyncio.wait_for(reply, self.timeout_s)
         except TimeoutError:
             conn.broken = True
             raise DataPathError(
