@@ -126,9 +126,11 @@ class LocalCluster:
         dram: str = "64MiB",
         master_args: Sequence[str] = (),
         node_args: Sequence[str] = (),
+        nvme: str | None = None,
         start_timeout_s: float = 30.0,
     ) -> None:
         self.root = Path(root)
+        self.nvme = nvme  # per-node NVMe tier size; each node gets root/nvme-<index>
         self.data_dir = self.root / "master"
         self.log_dir = self.root / "logs"
         self.node_count = nodes
@@ -189,6 +191,8 @@ class LocalCluster:
             "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id", f"node-{index}",
             *self.node_args, *extra_args,
         ]  # fmt: skip
+        if self.nvme:
+            args += ["--nvme-dir", str(self.root / f"nvme-{index}"), "--nvme", self.nvme]
         return DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY, self.timeout_s)
 
     def node_endpoint(self, index: int) -> str:
@@ -236,6 +240,7 @@ class LocalCluster:
 )
 @click.option("--nodes", default=2, show_default=True, help="Store nodes to start.")
 @click.option("--dram", default="256MiB", show_default=True, help="DRAM pool per node.")
+@click.option("--nvme", default=None, help="Give each node an NVMe tier of this size.")
 @click.option(
     "--demo/--no-demo",
     default=True,
@@ -243,16 +248,19 @@ class LocalCluster:
     help="Run the demo workload once the cluster is up.",
 )
 @click.option("--exit", "exit_after", is_flag=True, help="Stop after the demo instead of serving.")
-def main(data_dir: str, nodes: int, dram: str, demo: bool, exit_after: bool) -> None:
+def main(
+    data_dir: str, nodes: int, dram: str, nvme: str | None, demo: bool, exit_after: bool
+) -> None:
     """Start a local cluster (master + store nodes) on 127.0.0.1 and serve until Ctrl-C."""
     from mooncake_store.demo import run_demo
 
-    cluster = LocalCluster(data_dir, nodes=nodes, dram=dram)
+    cluster = LocalCluster(data_dir, nodes=nodes, dram=dram, nvme=nvme)
     cluster.master_port = 50051 if not exit_after else 0
     try:
         cluster.start()
+        tiers = f"{dram} DRAM" + (f" + {nvme} NVMe" if nvme else "")
         click.echo(
-            f"cluster up: master {cluster.master_address}, {nodes} nodes x {dram} DRAM "
+            f"cluster up: master {cluster.master_address}, {nodes} nodes x {tiers} "
             f"(logs in {cluster.log_dir})"
         )
         if demo:
