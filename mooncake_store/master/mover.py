@@ -7,9 +7,10 @@ the table freed (`Release`), so a node's index never outlives the master's recor
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 
@@ -44,11 +45,12 @@ class NodeMover:
         self._channels[node_id] = (endpoint, channel, stub)
         return stub
 
-    async def run(self, tasks: list[MoveTask]) -> None:
+    def run(self, tasks: list[MoveTask]) -> dict[str, Coroutine[Any, Any, None]]:
+        """One coroutine per node carrying out its moves."""
         by_node: dict[str, list[MoveTask]] = defaultdict(list)
         for task in tasks:
             by_node[task.node_id].append(task)
-        await asyncio.gather(*(self._run_node(n, ts) for n, ts in by_node.items()))
+        return {n: self._run_node(n, ts) for n, ts in by_node.items()}
 
     async def _run_node(self, node_id: str, tasks: list[MoveTask]) -> None:
         stub = self._stub(node_id)
@@ -71,11 +73,13 @@ class NodeMover:
         for task, code in zip(tasks, codes, strict=True):
             self.tiering.complete(task, code == OK, corrupt=code == ChecksumMismatchError.code)
 
-    async def copy(self, tasks: list[CopyTask], replication: Replication) -> None:
+    def copy(self, tasks: list[CopyTask],
+             replication: Replication) -> dict[str, Coroutine[Any, Any, None]]:  # fmt: skip
+        """One coroutine per destination node carrying out its copies."""
         by_node: dict[str, list[CopyTask]] = defaultdict(list)
         for task in tasks:
             by_node[task.dst.node_id].append(task)
-        await asyncio.gather(*(self._copy_node(n, ts, replication) for n, ts in by_node.items()))
+        return {n: self._copy_node(n, ts, replication) for n, ts in by_node.items()}
 
     async def _copy_node(self, node_id: str, tasks: list[CopyTask],
                          replication: Replication) -> None:  # fmt: skip
@@ -108,7 +112,7 @@ class NodeMover:
                 continue
             try:
                 await stub.Release(pb.ReleaseRequest(segment_id=segment_id, offsets=offsets),
-                                   timeout=self.timeout_s)  # fmt: skip
+                                   timeout=5.0)  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 log.warning("release on node %s failed: %s", seg.node_id, exc.code().name)  # type: ignore[union-attr]
 

@@ -12,7 +12,7 @@ replica.  The source is leased for the copy, so it is not evicted or freed meanw
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from mooncake_store.master.object_table import ObjectMeta, ObjectState, ObjectTable, Replica
@@ -47,10 +47,13 @@ class Replication:
         self.config = config
         self._clock = clock
         self.hot: set[str] = set()  # objects holding extra (hot) replicas
+        self._busy: Collection[str] = ()
         self.counters = {"repairs": 0, "hot_replicas_added": 0, "hot_replicas_dropped": 0,
                          "copies_failed": 0}  # fmt: skip
 
-    def plan(self) -> list[CopyTask]:
+    def plan(self, busy: Collection[str] = ()) -> list[CopyTask]:
+        """Copies to start now; nodes in `busy` (copies still in flight) receive none."""
+        self._busy = busy
         tasks: list[CopyTask] = []
         budget = self.config.max_copies_per_tick
         for key in list(self.table.under_replicated):
@@ -113,7 +116,7 @@ class Replication:
         extent = sources[0].allocator.aligned(meta.size_bytes)
         targets = [s for s in self.table.segments()
                    if s.tier is Tier.DRAM and s.node_id not in holders
-                   and s.largest_free >= extent]  # fmt: skip
+                   and s.node_id not in self._busy and s.largest_free >= extent]  # fmt: skip
         if not targets:
             return None
         dst = max(targets, key=lambda s: s.free_bytes)

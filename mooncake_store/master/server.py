@@ -6,7 +6,9 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,9 +19,9 @@ from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.persistence import MetadataStore
-from mooncake_store.master.replication import CopyTask, Replication, ReplicationConfig
+from mooncake_store.master.replication import Replication, ReplicationConfig
 from mooncake_store.master.service import MasterServicer, add_to_server
-from mooncake_store.master.tiering import MoveTask, TierConfig, Tiering
+from mooncake_store.master.tiering import TierConfig, Tiering
 
 log = logging.getLogger("mooncake.master")
 
@@ -78,9 +80,10 @@ class MasterServer:
             clock=time.time,
         )
         self.mover = NodeMover(self.table, self.tiering)
-        self._copying: asyncio.Task[None] | None = None
+        self._copying: dict[str, asyncio.Task[None]] = {}
+        self._releases: set[asyncio.Task[None]] = set()
         self._servicer: MasterServicer | None = None
-        self._moving: asyncio.Task[None] | None = None
+        self._moving: dict[str, asyncio.Task[None]] = {}
         self.port: int | None = None
         self._store: MetadataStore | None = None
         self._server: grpc.aio.Server | None = None
@@ -130,9 +133,8 @@ class MasterServer:
                 await self._ticker
             except asyncio.CancelledError:
                 pass
-        for task in (self._moving, self._copying):
-            if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
+        pending = [*self._moving.values(), *self._copying.values(), *self._releases]
+        await asyncio.gather(*pending, return_exceptions=True)
         await self.mover.close()
         if self._store is not None:
             await self._store.close()
@@ -160,27 +162,33 @@ class MasterServer:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
         if result.deleted_keys:
             await self._store.write(deletes=result.deleted_keys)
-        if self._moving is None or self._moving.done():
-            tasks = self.tiering.plan()
-            if tasks:
-                self._moving = asyncio.get_running_loop().create_task(self._move(tasks))
-        if self._copying is None or self._copying.done():
-            copies = self.replication.plan()
-            if copies:
-                self._copying = asyncio.get_running_loop().create_task(self._copy(copies))
+        # Work per node runs in the background; a node still busy (or stalled) gets no new
+        # batch, and the others are not held up by it.
+        self._start(self._moving, self.mover.run(self.tiering.plan(busy=set(self._moving))))
+        copies = self.replication.plan(busy=set(self._copying))
+        self._start(self._copying, self.mover.copy(copies, self.replication))
         await self._servicer.persist_dirty()
         released = self.table.take_released()
-        if released:
-            await self.mover.release(released)
+        if released:  # in the background: a stalled node must not hold up liveness checks
+            task = asyncio.get_running_loop().create_task(self.mover.release(released))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
 
-    async def _copy(self, tasks: list[CopyTask]) -> None:
-        assert self._servicer is not None
-        await self.mover.copy(tasks, self.replication)
-        await self._servicer.persist_dirty()
+    def _start(self, running: dict[str, asyncio.Task[None]],
+               work: dict[str, Coroutine[Any, Any, None]]) -> None:  # fmt: skip
+        for node_id, coro in work.items():
+            task = asyncio.get_running_loop().create_task(self._then_persist(coro))
+            running[node_id] = task
 
-    async def _move(self, tasks: list[MoveTask]) -> None:
+            def finished(done: asyncio.Task[None], node_id: str = node_id) -> None:
+                if running.get(node_id) is done:
+                    del running[node_id]
+
+            task.add_done_callback(finished)
+
+    async def _then_persist(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._servicer is not None
-        await self.mover.run(tasks)
+        await coro
         await self._servicer.persist_dirty()
 
 

@@ -18,6 +18,7 @@ A node without an NVMe tier never demotes: its DRAM is freed only by synchronous
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from mooncake_store.master.object_table import ObjectTable, Replica
@@ -63,22 +64,25 @@ class Tiering:
         self.table = table
         self.config = config
         self.counters = {"demotions": 0, "promotions": 0, "moves_failed": 0, "nvme_drops": 0}
+        self._busy: Collection[str] = ()
 
-    def plan(self) -> list[MoveTask]:
+    def plan(self, busy: Collection[str] = ()) -> list[MoveTask]:
+        """Moves to start now; nodes in `busy` (a batch still in flight) get none."""
         tasks: list[MoveTask] = []
         budget = self.config.max_moves_per_tick
+        self._busy = busy
         for seg in self.table.segments():
             if seg.tier is Tier.NVME and seg.fill > self.config.nvme_high_watermark:
                 self._drop_to(seg, self.config.nvme_low_watermark)
         for seg in self.table.segments():
-            if seg.tier is not Tier.DRAM or budget <= len(tasks):
+            if seg.tier is not Tier.DRAM or budget <= len(tasks) or seg.node_id in busy:
                 continue
             nvme = self.table.node_segment(seg.node_id, Tier.NVME)
             if nvme is not None and seg.fill > self.config.dram_high_watermark:
                 low = self.config.dram_low_watermark
                 tasks += self._demote(seg, nvme, low, budget - len(tasks))
         for seg in self.table.segments():
-            if seg.tier is not Tier.GPU or budget <= len(tasks):
+            if seg.tier is not Tier.GPU or budget <= len(tasks) or seg.node_id in busy:
                 continue
             dram = self.table.node_segment(seg.node_id, Tier.DRAM)
             if dram is not None and seg.fill > self.config.gpu_high_watermark:
@@ -103,7 +107,7 @@ class Tiering:
                 continue
             for replica in meta.replicas:
                 src = self.table.segment(replica.segment_id)
-                if src is None or src.tier is not Tier.DRAM:
+                if src is None or src.tier is not Tier.DRAM or src.node_id in self._busy:
                     continue
                 gpu = self.table.node_segment(src.node_id, Tier.GPU)
                 if gpu is None or gpu.fill >= self.config.gpu_high_watermark:
@@ -162,7 +166,7 @@ class Tiering:
             self.table.slow_keys.discard(key)
             for replica in meta.replicas:
                 src = self.table.segment(replica.segment_id)
-                if src is None or not src.tier.persistent:
+                if src is None or not src.tier.persistent or src.node_id in self._busy:
                     continue
                 dram = self.table.node_segment(src.node_id, Tier.DRAM)
                 if dram is None or dram.fill >= self.config.dram_high_watermark:
