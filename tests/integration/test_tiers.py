@@ -27,6 +27,18 @@ def per_tier(store: Client) -> dict[str, int]:
     return out
 
 
+def fill_and_demote(cluster: LocalCluster, store: Client, prefix: str) -> list[str]:
+    """Put 12 blocks (3 MiB into 4 MiB of DRAM), wait for demotion, return the NVMe ones."""
+    for i in range(12):
+        store.put(f"{prefix}/{i}", value(i))
+    wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion to NVMe")
+    return [
+        f"{prefix}/{i}"
+        for i in range(12)
+        if replica_list(cluster.master_address, f"{prefix}/{i}").replicas[0].tier == "NVME"
+    ]
+
+
 @pytest.fixture
 def tiered(tmp_path):
     nvme = ["--nvme-dir", str(tmp_path / "nvme"), "--nvme", "16MiB"]
@@ -53,14 +65,7 @@ def test_pressure_demotes_to_nvme_and_reads_back_exact(tiered):
 
 def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
     with Client(tiered.master_address) as store:
-        for i in range(12):
-            store.put(f"p/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
-        cold = next(
-            f"p/{i}"
-            for i in range(12)
-            if replica_list(tiered.master_address, f"p/{i}").replicas[0].tier == "NVME"
-        )
+        cold = fill_and_demote(tiered, store, "p")[0]
         store.get(cold)
         store.get(cold)
         wait_until(
@@ -73,14 +78,7 @@ def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
 
 def test_restarted_node_reports_its_nvme_blocks(tiered):
     with Client(tiered.master_address) as store:
-        for i in range(12):
-            store.put(f"r/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
-        on_nvme = [
-            f"r/{i}"
-            for i in range(12)
-            if replica_list(tiered.master_address, f"r/{i}").replicas[0].tier == "NVME"
-        ]
+        on_nvme = fill_and_demote(tiered, store, "r")
         tiered.nodes[0].signal(signal.SIGKILL)
         tiered.nodes[0].proc.wait()
         tiered.restart_node(0)
@@ -94,14 +92,7 @@ def test_restarted_node_reports_its_nvme_blocks(tiered):
 
 def test_corrupt_nvme_block_is_never_served(tiered, tmp_path):
     with Client(tiered.master_address) as store:
-        for i in range(12):
-            store.put(f"c/{i}", value(i))
-        wait_until(lambda: per_tier(store).get("NVME", 0) >= 4, what="demotion")
-        on_nvme = [
-            f"c/{i}"
-            for i in range(12)
-            if replica_list(tiered.master_address, f"c/{i}").replicas[0].tier == "NVME"
-        ]
+        on_nvme = fill_and_demote(tiered, store, "c")
         victim, other = on_nvme[0], on_nvme[1]
         offset = replica_list(tiered.master_address, victim).replicas[0].offset
         data = tmp_path / "nvme" / "blocks.dat"
