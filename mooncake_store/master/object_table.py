@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
     IdentityMismatchError,
     InvalidArgumentError,
@@ -48,7 +49,6 @@ from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.eviction import EvictionPolicy, LruPolicy
 from mooncake_store.master.placement import choose_segments
 from mooncake_store.master.segments import (
-    InventoryItem,
     NodeInfo,
     NodeState,
     Segment,
@@ -173,7 +173,7 @@ class ObjectTable:
     def mount(
         self,
         node: NodeInfo,
-        segments: Sequence[tuple[SegmentInfo, Sequence[InventoryItem] | None]],
+        segments: Sequence[tuple[SegmentInfo, Sequence[BlockRecord] | None]],
     ) -> None:
         """Mount a node's segments (idempotent for the same incarnation).
 
@@ -203,7 +203,7 @@ class ObjectTable:
             self._dirty.setdefault(key, False)  # unless adopted again just now
 
     def _adopt(
-        self, seg: Segment, orphan_keys: set[str], inventory: Sequence[InventoryItem] | None
+        self, seg: Segment, orphan_keys: set[str], inventory: Sequence[BlockRecord] | None
     ) -> None:
         reported = {item.offset: item for item in inventory or ()}
         for key in orphan_keys:
@@ -225,7 +225,7 @@ class ObjectTable:
         for item in reported.values():  # blocks the master did not know were there
             self._adopt_item(seg, item)
 
-    def _adopt_item(self, seg: Segment, item: InventoryItem) -> None:
+    def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
         meta = self._objects.get(item.key)
         if meta is not None and (
             meta.state is not ObjectState.COMPLETE

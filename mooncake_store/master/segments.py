@@ -40,19 +40,6 @@ class SegmentInfo:
     size_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class InventoryItem:
-    """A block a node holds in a persistent tier, as reported at mount."""
-
-    key: str
-    offset: int
-    size_bytes: int
-    checksum: int
-    fingerprint: bytes = b""
-    parent_key: str = ""
-    tag: bytes = b""
-
-
 class Segment:
     """A mounted segment: its info, allocator and the keys with a replica in it."""
 

@@ -14,6 +14,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
     OK,
     InvalidArgumentError,
@@ -25,7 +26,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
-from mooncake_store.master.segments import InventoryItem, NodeInfo, Segment, SegmentInfo, Tier
+from mooncake_store.master.segments import NodeInfo, Segment, SegmentInfo, Tier
 from mooncake_store.master.tiering import Tiering
 
 log = logging.getLogger("mooncake.master")
@@ -248,7 +249,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 (
                     SegmentInfo(node, spec.segment_id, Tier(spec.tier or "DRAM"), spec.size_bytes),
                     [
-                        InventoryItem(i.key, i.offset, i.size_bytes, i.checksum,
+                        BlockRecord(i.key, i.offset, i.size_bytes, i.checksum,
                                       bytes(i.fingerprint), i.parent_key, bytes(i.tag))
                         for i in spec.inventory
                     ] if Tier(spec.tier or "DRAM").persistent else None,

@@ -21,10 +21,11 @@ import xxhash
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
-from mooncake_store.node.nvme import NvmeBlock, NvmeTier, aligned
+from mooncake_store.node.nvme import NvmeTier, aligned
 
 log = logging.getLogger("mooncake.node")
 
@@ -47,7 +48,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     def _move_all(self, tasks: list[pb.MoveTask]) -> list[pb.Status]:
         statuses: list[pb.Status] = []
-        indexed: dict[int, list[tuple[int, NvmeBlock]]] = {}
+        indexed: dict[int, list[tuple[int, BlockRecord]]] = {}
         for i, task in enumerate(tasks):
             try:
                 block = self._move(task)
@@ -71,14 +72,14 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                     statuses[i] = pb.Status(code=DataPathError.code, message=f"sync failed: {exc}")
         return statuses
 
-    def _move(self, task: pb.MoveTask) -> NvmeBlock | None:
+    def _move(self, task: pb.MoveTask) -> BlockRecord | None:
         extent = aligned(task.size_bytes)
         if task.src_segment in self.dram and task.dst_segment in self.nvme:
             source = self.dram[task.src_segment][task.src_offset : task.src_offset + extent]
             if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
                 raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
             self.nvme[task.dst_segment].write(source, task.dst_offset)
-            return NvmeBlock(task.key, task.dst_offset, task.size_bytes, task.checksum,
+            return BlockRecord(task.key, task.dst_offset, task.size_bytes, task.checksum,
                              bytes(task.fingerprint), task.parent_key, bytes(task.tag))  # fmt: skip
         if task.src_segment in self.nvme and task.dst_segment in self.dram:
             dest = self.dram[task.dst_segment][task.dst_offset : task.dst_offset + extent]

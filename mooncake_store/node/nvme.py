@@ -27,11 +27,12 @@ import mmap
 import os
 import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from mooncake_store.common.blocks import BlockRecord
 
 log = logging.getLogger("mooncake.node")
 
@@ -39,18 +40,7 @@ PAGE = 4096
 _RECORD = struct.Struct("<QQHBHH")  # size, checksum, key len, fingerprint len, parent len, tag len
 
 
-@dataclass(frozen=True, slots=True)
-class NvmeBlock:
-    key: str
-    offset: int
-    size_bytes: int
-    checksum: int
-    fingerprint: bytes = b""
-    parent_key: str = ""
-    tag: bytes = b""
-
-
-def _encode(block: NvmeBlock) -> bytes:
+def _encode(block: BlockRecord) -> bytes:
     key = block.key.encode("utf-8", "surrogatepass")
     parent = block.parent_key.encode("utf-8", "surrogatepass")
     head = _RECORD.pack(block.size_bytes, block.checksum, len(key), len(block.fingerprint),
@@ -58,7 +48,7 @@ def _encode(block: NvmeBlock) -> bytes:
     return head + key + block.fingerprint + parent + block.tag
 
 
-def _decode(offset: int, blob: bytes) -> NvmeBlock:
+def _decode(offset: int, blob: bytes) -> BlockRecord:
     size, checksum, nk, nf, np_, nt = _RECORD.unpack_from(blob)
     pos = _RECORD.size
     key = blob[pos : pos + nk].decode("utf-8", "surrogatepass")
@@ -67,7 +57,7 @@ def _decode(offset: int, blob: bytes) -> NvmeBlock:
     pos += nf
     parent = blob[pos : pos + np_].decode("utf-8", "surrogatepass")
     pos += np_
-    return NvmeBlock(key, offset, size, checksum, fingerprint, parent, blob[pos : pos + nt])
+    return BlockRecord(key, offset, size, checksum, fingerprint, parent, blob[pos : pos + nt])
 
 
 def aligned(size: int) -> int:
@@ -182,7 +172,7 @@ class NvmeTier:
 
     # ---- index ----------------------------------------------------------------------------------
 
-    def index(self, blocks: list[NvmeBlock]) -> None:
+    def index(self, blocks: list[BlockRecord]) -> None:
         """Record blocks durably (call after `sync`, so the index never names unwritten data)."""
         batch = WriteBatch(raw_mode=True)
         for block in blocks:
@@ -195,7 +185,7 @@ class NvmeTier:
             batch.delete(offset.to_bytes(8, "big"))
         self._index.write(batch, self._sync)
 
-    def load_index(self) -> list[NvmeBlock]:
+    def load_index(self) -> list[BlockRecord]:
         """Every indexed block, as recorded (no verification)."""
         out = []
         for raw_offset, blob in self._index.items():
@@ -203,9 +193,9 @@ class NvmeTier:
             out.append(_decode(int.from_bytes(raw_offset, "big"), blob))
         return out
 
-    def load(self) -> list[NvmeBlock]:
+    def load(self) -> list[BlockRecord]:
         """Every indexed block whose bytes still match their checksum; the rest are forgotten."""
-        good: list[NvmeBlock] = []
+        good: list[BlockRecord] = []
         bad: list[int] = []
         for block in self.load_index():
             buf = self.staging.take(block.size_bytes)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.master.eviction import LruPolicy
 from mooncake_store.master.object_table import ObjectTable, TableConfig
-from mooncake_store.master.segments import InventoryItem, NodeInfo, SegmentInfo, Tier
+from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from mooncake_store.master.tiering import TierConfig, Tiering
 
 MiB = 1 << 20
@@ -146,8 +147,8 @@ def test_node_without_nvme_never_demotes():
 
 def test_inventory_is_adopted_and_reconciled():
     inventory = [
-        InventoryItem("survivor", 0, 5000, 11, b"fp", "parent", b"tag"),
-        InventoryItem("other", 8192, 100, 12),
+        BlockRecord("survivor", 0, 5000, 11, b"fp", "parent", b"tag"),
+        BlockRecord("other", 8192, 100, 12),
     ]
     table, _, _ = make(inventory=inventory)
     meta = table.get("survivor")
@@ -167,7 +168,7 @@ def test_inventory_conflicting_with_a_known_object_is_released():
     commit(table, "k", checksum=1)
     node = NodeInfo("m", 1, "m:data", "shm", "m:control", b"k" * 32)
     table.mount(
-        node, [(SegmentInfo(node, 30, Tier.NVME, 4 * MiB), [InventoryItem("k", 0, MiB, 999)])]
+        node, [(SegmentInfo(node, 30, Tier.NVME, 4 * MiB), [BlockRecord("k", 0, MiB, 999)])]
     )
     assert tiers(table, "k") == ["DRAM"]  # the stale copy on "m" is not trusted
     assert table.take_released() == {30: [0]}
