@@ -232,7 +232,7 @@ class ObjectTable:
             or meta.checksum != item.checksum
             or meta.size_bytes != item.size_bytes
         ):
-            self._release(seg, item.offset)
+            self._note_release(seg, item.offset)
             return
         if not self._reserve(seg, item.offset, item.size_bytes):
             return
@@ -600,8 +600,7 @@ class ObjectTable:
             _, segment_id, offset = heapq.heappop(self._deferred)
             owner = self._segments.get(segment_id)
             if owner is not None:
-                owner.allocator.free(offset)
-                self._note_release(owner, offset)
+                self._free_extent(owner, offset)
         if self._orphans and now - self._started_s > self.config.restore_grace_s:
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)
@@ -656,8 +655,7 @@ class ObjectTable:
             meta.moving = False
         if not (ok and valid and live_dst):
             if live_dst:
-                dst.allocator.free(offset)
-                self._note_release(dst, offset)
+                self._free_extent(dst, offset)
             return False
         assert meta is not None
         meta.replicas = [r for r in meta.replicas if r is not source]
@@ -683,8 +681,7 @@ class ObjectTable:
         )
         if not (ok and valid and live_dst) or on_node:
             if live_dst:
-                dst.allocator.free(offset)
-                self._note_release(dst, offset)
+                self._free_extent(dst, offset)
             return False
         assert meta is not None
         meta.replicas.append(Replica(dst.segment_id, offset))
@@ -759,13 +756,14 @@ class ObjectTable:
     # ---- internals --------------------------------------------------------------------------
 
     def _note_release(self, seg: Segment, offset: int) -> None:
+        """Tell the node (persistent tiers only) to forget an extent the master does not use."""
         if seg.tier.persistent:
             self._released.setdefault(seg.segment_id, []).append(offset)
 
-    def _release(self, seg: Segment, offset: int) -> None:
-        """Tell the node to forget an extent it reported but the master does not use."""
-        if seg.tier.persistent:
-            self._released.setdefault(seg.segment_id, []).append(offset)
+    def _free_extent(self, seg: Segment, offset: int) -> None:
+        """Give an allocated extent back now and tell its node."""
+        seg.allocator.free(offset)
+        self._note_release(seg, offset)
 
     def _free(self, key: str, replicas: Iterable[Replica], free_at_s: float) -> None:
         now = self._clock()
@@ -782,8 +780,7 @@ class ObjectTable:
             if free_at_s > now:
                 heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset))
             else:
-                seg.allocator.free(r.offset)
-                self._note_release(seg, r.offset)
+                self._free_extent(seg, r.offset)
 
     def _lose_replica(self, meta: ObjectMeta, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
