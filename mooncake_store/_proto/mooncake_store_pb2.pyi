@@ -309,6 +309,20 @@ class StatsResponse(_message.Message):
     counters: _containers.ScalarMap[str, int]
     def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
+class HelloRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HelloResponse(_message.Message):
+    __slots__ = ("framed_port", "version", "framed_socket")
+    FRAMED_PORT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    framed_port: int
+    version: str
+    framed_socket: str
+    def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ...) -> None: ...
+
 class MoveTask(_message.Message):
     __slots__ = ("key", "src_segment", "src_offset", "dst_segment", "dst_offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -34,6 +34,11 @@ class MasterServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Hello = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/Hello',
+                request_serializer=mooncake__store__pb2.HelloRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.HelloResponse.FromString,
+                _registered_method=True)
         self.PutStart = channel.unary_unary(
                 '/mooncake_store.v1.MasterService/PutStart',
                 request_serializer=mooncake__store__pb2.PutStartItem.SerializeToString,
@@ -133,6 +138,12 @@ class MasterServiceStub:
 
 class MasterServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Hello(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def PutStart(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -254,6 +265,11 @@ class MasterServiceServicer:
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=mooncake__store__pb2.HelloRequest.FromString,
+                    response_serializer=mooncake__store__pb2.HelloResponse.SerializeToString,
+            ),
             'PutStart': grpc.unary_unary_rpc_method_handler(
                     servicer.PutStart,
                     request_deserializer=mooncake__store__pb2.PutStartItem.FromString,
@@ -359,6 +375,33 @@ def add_MasterServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class MasterService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/Hello',
+            mooncake__store__pb2.HelloRequest.SerializeToString,
+            mooncake__store__pb2.HelloResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def PutStart(request,

@@ -8,6 +8,7 @@ first.  cupy is imported only when such a buffer shows up.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,37 @@ class PinnedStaging:
         free = self._free.setdefault(buf.nbytes, [])
         if len(free) < 4:
             free.append(buf)
+
+
+class HostStaging:
+    """Warm host buffers for reads that must end in new `bytes` (get / get_many over TCP):
+    the data lands in a buffer whose pages are already faulted in, then takes one copy out.
+    Reused by size class (powers of two from 64 KiB), a few per class."""
+
+    def __init__(self, per_class: int = 4) -> None:
+        self.per_class = per_class
+        self.max_kept_bytes = 64 * 1024 * 1024
+        self._free: dict[int, list[bytearray]] = {}
+        self._lock = threading.Lock()  # the sync Client's threads share one client
+
+    @staticmethod
+    def _class(size: int) -> int:
+        return max(64 * 1024, 1 << (size - 1).bit_length())
+
+    def take(self, size: int) -> bytearray:
+        with self._lock:
+            free = self._free.get(self._class(size))
+            if free:
+                return free.pop()
+        return bytearray(self._class(size))
+
+    def give(self, buf: bytearray) -> None:
+        if len(buf) > self.max_kept_bytes:
+            return
+        with self._lock:
+            free = self._free.setdefault(len(buf), [])
+            if len(free) < self.per_class:
+                free.append(buf)
 
 
 def to_host(obj: Any) -> np.ndarray:

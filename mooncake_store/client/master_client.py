@@ -8,13 +8,16 @@ their code names (`common.errors.error_for_code`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.client.framed_channel import FramedCallError, FramedChannel, FramedEndpoint
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, ReplicaLocation, Retry
 from mooncake_store.common.errors import (
     OK,
@@ -25,7 +28,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
 
-T = TypeVar("T")
+R = TypeVar("R")
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -53,12 +56,31 @@ def _replica_list(result: pb.ReplicaListResult) -> ReplicaList | MooncakeError:
     )
 
 
+def _host_of(address: str) -> str | None:
+    """The host part of a plain host:port address, or None for other gRPC target forms."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return None
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def status_error(status: pb.Status) -> MooncakeError | None:
     return None if status.code == OK else error_for_code(status.code, status.message)
 
 
 class MasterClient:
-    def __init__(self, address: str, *, timeout_s: float, retry: Retry) -> None:
+    """Typed master calls.  They travel on the framed endpoint when the master offers one
+    (`framed=True`, the default) and on gRPC otherwise; both reach the same servicer."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float,
+        retry: Retry,
+        framed: bool = True,
+        counters: dict[str, int] | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.retry = retry
@@ -66,8 +88,25 @@ class MasterClient:
             address, options=message_options(DEFAULT_MAX_MESSAGE_BYTES)
         )
         self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._framed_wanted = framed and _host_of(address) is not None
+        self._framed: FramedChannel | None = None
+        #: Where the framed endpoint was last found (None: not asked yet, or gRPC only).
+        self.framed_endpoint: FramedEndpoint | None = None
+        self._framed_lock = asyncio.Lock()
+        #: Calls made on each endpoint ("framed_calls", "grpc_calls").
+        self.counters = counters if counters is not None else {}
+        self.counters.setdefault("framed_calls", 0)
+        self.counters.setdefault("grpc_calls", 0)
+
+    @property
+    def transport(self) -> str:
+        """ "framed" or "grpc": what the last call travelled on."""
+        return "framed" if self._framed is not None else "grpc"
 
     async def close(self) -> None:
+        if self._framed is not None:
+            self._framed.close()
+            self._framed = None
         await self._channel.close()
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -80,41 +119,129 @@ class MasterClient:
                 "is mooncake-master running there?"
             ) from None
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: object) -> T:
+    @property
+    def framed_wanted(self) -> bool:
+        return self._framed_wanted
+
+    async def framed_channel(self) -> FramedChannel | None:
+        """The open framed connection, opening one (after a Hello) when there is none."""
+        async with self._framed_lock:
+            if self._framed is not None and not self._framed.closed:
+                return self._framed
+            self._framed = None
+            try:
+                hello = await self._stub.Hello(pb.HelloRequest(), timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                hello = pb.HelloResponse()  # a master without the framed endpoint
+            if not hello.framed_port:
+                self._framed_wanted = False
+                return None
+            host = _host_of(self.address)
+            assert host is not None
+            self.framed_endpoint = FramedEndpoint(host, hello.framed_port, hello.framed_socket)
+            self._framed = await FramedChannel.connect(
+                self.framed_endpoint, max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES
+            )
+            return self._framed
+
+    async def _call(self, name: str, request: Message) -> Any:
         delays = self.retry.delays()
         for attempt in range(len(delays) + 1):
             try:
-                return await method(request, timeout=self.timeout_s)
+                channel = self._framed
+                if channel is None or channel.closed:
+                    channel = await self.framed_channel() if self._framed_wanted else None
+                if channel is not None:
+                    reply = await channel.call(name, request, self.timeout_s)
+                    self.counters["framed_calls"] += 1
+                    return reply
+                reply = await getattr(self._stub, name)(request, timeout=self.timeout_s)
+                self.counters["grpc_calls"] += 1
+                return reply
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNREACHABLE:
                     raise RpcError(
                         f"master {self.address} failed the call: {exc.code().name}: {exc.details()}"
                     ) from exc
-                if attempt == len(delays):
-                    raise MasterUnavailableError(
-                        f"mooncake master at {self.address} is unreachable "
-                        f"({exc.code().name}: {exc.details()}); is mooncake-master running?"
-                    ) from exc
-                await asyncio.sleep(delays[attempt])
+                problem = f"{exc.code().name}: {exc.details()}"
+            except FramedCallError as exc:
+                raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
+            except OSError as exc:  # refused, reset, closed or timed out framed connection
+                if self._framed is not None:
+                    self._framed.close()
+                    self._framed = None
+                problem = f"{type(exc).__name__}: {exc}"
+            if attempt == len(delays):
+                raise MasterUnavailableError(
+                    f"mooncake master at {self.address} is unreachable ({problem}); "
+                    "is mooncake-master running?"
+                )
+            await asyncio.sleep(delays[attempt])
         raise AssertionError("unreachable")
 
+    async def run(self, call: MasterCall[R]) -> R:
+        """Make one master call and parse its reply."""
+        return call.parse(await self._call(call.name, call.request))
+
     async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
-        request = pb.BatchPutStartRequest(
-            items=[
-                pb.PutStartItem(
-                    key=i.key,
-                    size_bytes=i.size_bytes,
-                    replicas=i.replicas,
-                    fingerprint=i.fingerprint,
-                    parent_key=i.parent_key,
-                    tag=i.tag,
-                    pin=i.pin,
-                    pin_ttl_s=i.pin_ttl_s,
-                )
-                for i in items
-            ]
-        )
-        reply = await self._call(self._stub.BatchPutStart, request)
+        return await self.run(put_start_call(items))
+
+    async def put_end(
+        self, items: Sequence[tuple[str, int, Sequence[int]]]
+    ) -> list[int | MooncakeError]:
+        return await self.run(put_end_call(items))
+
+    async def put_revoke(self, keys: Sequence[str]) -> list[MooncakeError | None]:
+        return await self.run(put_revoke_call(keys))
+
+    async def get_replica_list(
+        self, keys: Sequence[str], fingerprint: bytes = b""
+    ) -> list[ReplicaList | MooncakeError]:
+        return await self.run(get_replica_list_call(keys, fingerprint))
+
+    async def exists(self, keys: Sequence[str]) -> list[bool]:
+        return await self.run(exists_call(keys))
+
+    async def stats(self) -> pb.StatsResponse:
+        return await self._call("Stats", pb.StatsRequest())  # type: ignore[no-any-return]
+
+    async def list_nodes(self) -> pb.ListNodesResponse:
+        return await self._call("ListNodes", pb.ListNodesRequest())  # type: ignore[no-any-return]
+
+
+# ---- calls as values -------------------------------------------------------------------------
+# A MasterCall is a request and the function that parses its reply.  The client's operations
+# yield them (see AsyncClient._drive): the async client awaits them on the MasterClient, the sync
+# Client sends them on a blocking framed socket of the calling thread.
+
+
+@dataclass(frozen=True, slots=True)
+class MasterCall(Generic[R]):
+    name: str
+    request: Message
+    parse: Callable[[Any], R]
+
+
+def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | MooncakeError]]:
+    request = pb.BatchPutStartRequest(
+        items=[
+            pb.PutStartItem(
+                key=i.key,
+                size_bytes=i.size_bytes,
+                replicas=i.replicas,
+                fingerprint=i.fingerprint,
+                parent_key=i.parent_key,
+                tag=i.tag,
+                pin=i.pin,
+                pin_ttl_s=i.pin_ttl_s,
+            )
+            for i in items
+        ]
+    )
+
+    def parse(reply: pb.BatchPutStartResponse) -> list[PutPlan | MooncakeError]:
         out: list[PutPlan | MooncakeError] = []
         for result in reply.results:
             err = status_error(result.status)
@@ -123,47 +250,60 @@ class MasterClient:
             )
         return out
 
-    async def put_end(
-        self, items: Sequence[tuple[str, int, Sequence[int]]]
-    ) -> list[int | MooncakeError]:
-        request = pb.BatchPutEndRequest(
-            items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
-        )
-        reply = await self._call(self._stub.BatchPutEnd, request)
-        return [status_error(r.status) or r.replicas for r in reply.results]
+    return MasterCall("BatchPutStart", request, parse)
 
-    async def put_revoke(self, keys: Sequence[str]) -> list[MooncakeError | None]:
-        reply = await self._call(self._stub.BatchPutRevoke, pb.KeysRequest(keys=keys))
-        return [status_error(s) for s in reply.statuses]
 
-    async def get_replica_list(
-        self, keys: Sequence[str], fingerprint: bytes = b""
-    ) -> list[ReplicaList | MooncakeError]:
-        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-        reply = await self._call(self._stub.BatchGetReplicaList, request)
-        return [_replica_list(r) for r in reply.results]
+def put_end_call(
+    items: Sequence[tuple[str, int, Sequence[int]]],
+) -> MasterCall[list[int | MooncakeError]]:
+    request = pb.BatchPutEndRequest(
+        items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
+    )
+    return MasterCall(
+        "BatchPutEnd",
+        request,
+        lambda reply: [status_error(r.status) or r.replicas for r in reply.results],
+    )
 
-    async def prefix_match(self, keys: Sequence[str], fingerprint: bytes = b"") -> int:
-        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-        return (await self._call(self._stub.PrefixMatch, request)).matched
 
-    async def get_prefix(
-        self, keys: Sequence[str], fingerprint: bytes = b""
-    ) -> list[ReplicaList | MooncakeError]:
-        request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-        reply = await self._call(self._stub.GetPrefix, request)
-        return [_replica_list(r) for r in reply.results]
+def put_revoke_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
+    return MasterCall(
+        "BatchPutRevoke",
+        pb.KeysRequest(keys=keys),
+        lambda reply: [status_error(s) for s in reply.statuses],
+    )
 
-    async def exists(self, keys: Sequence[str]) -> list[bool]:
-        reply = await self._call(self._stub.BatchExists, pb.KeysRequest(keys=keys))
-        return list(reply.exists)
 
-    async def remove(self, keys: Sequence[str]) -> list[MooncakeError | None]:
-        reply = await self._call(self._stub.BatchRemove, pb.KeysRequest(keys=keys))
-        return [status_error(s) for s in reply.statuses]
+def _replica_lists(reply: pb.BatchGetReplicaListResponse) -> list[ReplicaList | MooncakeError]:
+    return [_replica_list(r) for r in reply.results]
 
-    async def stats(self) -> pb.StatsResponse:
-        return await self._call(self._stub.Stats, pb.StatsRequest())
 
-    async def list_nodes(self) -> pb.ListNodesResponse:
-        return await self._call(self._stub.ListNodes, pb.ListNodesRequest())
+def get_replica_list_call(
+    keys: Sequence[str], fingerprint: bytes = b""
+) -> MasterCall[list[ReplicaList | MooncakeError]]:
+    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+    return MasterCall("BatchGetReplicaList", request, _replica_lists)
+
+
+def get_prefix_call(
+    keys: Sequence[str], fingerprint: bytes = b""
+) -> MasterCall[list[ReplicaList | MooncakeError]]:
+    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+    return MasterCall("GetPrefix", request, _replica_lists)
+
+
+def prefix_match_call(keys: Sequence[str], fingerprint: bytes = b"") -> MasterCall[int]:
+    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
+    return MasterCall("PrefixMatch", request, lambda reply: int(reply.matched))
+
+
+def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:
+    return MasterCall("BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists))
+
+
+def remove_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
+    return MasterCall(
+        "BatchRemove",
+        pb.KeysRequest(keys=keys),
+        lambda reply: [status_error(s) for s in reply.statuses],
+    )

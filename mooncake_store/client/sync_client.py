@@ -1,19 +1,29 @@
-"""Client: the synchronous facade over AsyncClient.
+"""Client: the synchronous client, sharing its logic with AsyncClient.
 
-It runs one private event loop on a daemon thread and submits each call to it, so the logic
-exists once (in AsyncClient) and blocking callers, threads included, share one channel and one
-set of node connections.
+Every operation is written once, as a flow of steps (see `async_client.Flow`).  The sync Client
+runs a flow in the calling thread: master calls go out on a blocking framed socket that the
+thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
+same-host copies are plain memcpys, and only the steps that are async by nature (TCP transfers,
+mapping a pool) are handed to one private event loop on a daemon thread, which also carries
+every call when the master has no framed endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient
+from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient, Flow
+from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedCallError
+from mooncake_store.client.master_client import MasterCall, MasterClient
 from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
+from mooncake_store.common.errors import RpcError
+from mooncake_store.common.framed import REPLY_TYPES
+from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
+from mooncake_store.common.loop import new_event_loop
 
 T = TypeVar("T")
 
@@ -29,12 +39,15 @@ class Client:
 
     def __init__(self, master: str = DEFAULT_MASTER, **options: Any) -> None:
         self._async = AsyncClient(master, **options)
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="mooncake-client", daemon=True
         )
         self._thread.start()
         self._closed = False
+        self._local = threading.local()  # each thread's blocking framed channel
+        self._channels: list[BlockingFramedChannel] = []
+        self._channels_lock = threading.Lock()
 
     @property
     def master(self) -> str:
@@ -51,6 +64,92 @@ class Client:
             raise RuntimeError("this Client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def _drive(self, flow: Flow[T]) -> T:
+        """Run an operation's steps in this thread (see the module docstring)."""
+        if self._closed:
+            flow.close()
+            raise RuntimeError("this Client is closed")
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            error = None
+            try:
+                if isinstance(step, MasterCall):
+                    value = self._master_call(step)
+                else:
+                    value = self._run(step.start())
+            except BaseException as exc:
+                error = exc
+
+    def _master_call(self, call: MasterCall[T]) -> T:
+        channel = self._channel()
+        if channel is not None:
+            try:
+                reply = channel.call(call.name, call.request, REPLY_TYPES[call.name])
+                self._async.counters["framed_calls"] += 1
+                return call.parse(reply)
+            except FramedCallError as exc:
+                raise RpcError(f"master {self.master} failed the call {call.name}: {exc}") from exc
+            except OSError:
+                # Reset, refused or timed out: drop this socket and let the async path (which
+                # retries, reconnects and asks the master for its endpoint again) make the call.
+                self._drop_channel(channel)
+        return self._run(self._call_on_loop(call))
+
+    async def _call_on_loop(self, call: MasterCall[T]) -> T:
+        return await self._async._master_client().run(call)
+
+    def _master(self) -> MasterClient:
+        """The async client's MasterClient, created on the loop (grpc.aio binds to it)."""
+        master = self._async._master
+        if master is None:
+
+            async def create() -> MasterClient:
+                return self._async._master_client()
+
+            master = self._run(create())
+        return master
+
+    def _channel(self) -> BlockingFramedChannel | None:
+        channel: BlockingFramedChannel | None = getattr(self._local, "channel", None)
+        if channel is not None:
+            return channel
+        if getattr(self._local, "retry_after", 0.0) > time.monotonic():
+            return None
+        master = self._master()
+        if not master.framed_wanted:
+            return None
+        if master.framed_endpoint is None:
+            try:
+                self._run(master.framed_channel())
+            except Exception:
+                return None  # the async path will report why
+        endpoint = master.framed_endpoint
+        if endpoint is None:
+            return None
+        try:
+            channel = BlockingFramedChannel.connect(
+                endpoint, timeout_s=self._async.timeout_s, max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES
+            )
+        except OSError:
+            self._local.retry_after = time.monotonic() + 1.0  # not on every call
+            return None
+        self._local.channel = channel
+        with self._channels_lock:
+            self._channels.append(channel)
+        return channel
+
+    def _drop_channel(self, channel: BlockingFramedChannel) -> None:
+        channel.close()
+        self._local.channel = None
+        with self._channels_lock:
+            if channel in self._channels:
+                self._channels.remove(channel)
+
     def connect(self) -> Client:
         self._run(self._async.connect())
         return self
@@ -59,6 +158,10 @@ class Client:
         """Close connections and stop the client's thread (idempotent)."""
         if self._closed:
             return
+        with self._channels_lock:
+            channels, self._channels = self._channels, []
+        for channel in channels:
+            channel.close()
         self._run(self._async.close())
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -76,49 +179,49 @@ class Client:
         self.close()
 
     def put(self, key: str, value: object, **options: Any) -> PutResult:
-        return self._run(self._async.put(key, value, **options))
+        return self._drive(self._async._put_flow(key, value, **options))
 
     def put_from(self, key: str, buffer: object, **options: Any) -> PutResult:
-        return self._run(self._async.put_from(key, buffer, **options))
+        return self._drive(self._async._put_flow(key, buffer, **options))
 
     def put_many(
         self, items: Mapping[str, object] | Iterable[tuple[str, object]], **options: Any
     ) -> list[PutResult]:
-        return self._run(self._async.put_many(items, **options))
+        return self._drive(self._async._put_many_flow(items, **options))
 
     def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
-        return self._run(self._async.get(key, fingerprint=fingerprint))
+        return self._drive(self._async._get_many_flow([key], fingerprint))[0]
 
     def get_many(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> list[bytes]:
-        return self._run(self._async.get_many(keys, fingerprint=fingerprint))
+        return self._drive(self._async._get_many_flow(keys, fingerprint))
 
     def get_into(self, key: str, buffer: object, *, fingerprint: bytes = b"") -> int:
-        return self._run(self._async.get_into(key, buffer, fingerprint=fingerprint))
+        return self._drive(self._async._get_many_into_flow([key], [buffer], fingerprint))[0]
 
     def get_many_into(
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
     ) -> list[int]:
-        return self._run(self._async.get_many_into(keys, buffers, fingerprint=fingerprint))
+        return self._drive(self._async._get_many_into_flow(keys, buffers, fingerprint))
 
     def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
-        return self._run(self._async.prefix_match(keys, fingerprint=fingerprint))
+        return self._drive(self._async._prefix_match_flow(keys, fingerprint))
 
     def get_prefix_into(
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
     ) -> PrefixRead:
-        return self._run(self._async.get_prefix_into(keys, buffers, fingerprint=fingerprint))
+        return self._drive(self._async._get_prefix_into_flow(keys, buffers, fingerprint))
 
     def exists(self, key: str) -> bool:
-        return self._run(self._async.exists(key))
+        return self._drive(self._async._exists_many_flow([key]))[0]
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
-        return self._run(self._async.exists_many(keys))
+        return self._drive(self._async._exists_many_flow(keys))
 
     def remove(self, key: str) -> bool:
-        return self._run(self._async.remove(key))
+        return self._drive(self._async._remove_many_flow([key]))[0]
 
     def remove_many(self, keys: Sequence[str]) -> list[bool]:
-        return self._run(self._async.remove_many(keys))
+        return self._drive(self._async._remove_many_flow(keys))
 
     def stats(self) -> ClusterStats:
         return self._run(self._async.stats())

@@ -12,6 +12,7 @@ import click
 
 from mooncake_store.common.config import load_config
 from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.loop import loop_factory
 
 C = TypeVar("C")
 
@@ -37,7 +38,8 @@ def run_daemon(
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(serve(config))
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     except OSError as exc:

@@ -12,6 +12,13 @@ from mooncake_store.master.server import serve
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default=None, help="Address to bind [127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Port to bind; 0 picks a free one [50051].")
+@click.option(
+    "--framed-port",
+    type=int,
+    default=None,
+    help="Port of the framed control endpoint Python clients use; 0 picks a free one, "
+    "-1 serves gRPC only [0].",
+)
 @click.option("--data-dir", default=None, help="RocksDB directory [./mooncake-data/master].")
 @click.option("--lease-ttl", "lease_ttl_s", default=None, help="Read lease, e.g. 5s.")
 @click.option(

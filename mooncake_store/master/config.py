@@ -14,6 +14,9 @@ DEFAULT_MASTER_PORT = 50051
 class MasterConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_MASTER_PORT
+    # Framed control endpoint for Python clients (common/framed.py): 0 picks a free port, which
+    # clients learn from Hello; -1 serves gRPC only.
+    framed_port: int = 0
     data_dir: str = "mooncake-data/master"
     lease_ttl_s: float = duration_field(5.0)
     put_timeout_s: float = duration_field(30.0)
@@ -42,6 +45,11 @@ class MasterConfig:
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(
                 f"port must be 0-65535 (0 picks a free one), got {self.port}"
+            )
+        if not -1 <= self.framed_port <= 65535:
+            raise InvalidArgumentError(
+                f"framed_port must be 0-65535 (0 picks a free one) or -1 (off), "
+                f"got {self.framed_port}"
             )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise InvalidArgumentError(

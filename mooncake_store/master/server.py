@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import make_policy
+from mooncake_store.master.framed_server import FramedServer
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.persistence import MetadataStore
@@ -87,6 +88,8 @@ class MasterServer:
         self.port: int | None = None
         self._store: MetadataStore | None = None
         self._server: grpc.aio.Server | None = None
+        self._framed: FramedServer | None = None
+        self.framed_port = 0
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -112,6 +115,14 @@ class MasterServer:
         if port == 0:
             raise OSError(f"cannot bind the master to {address}")
         await server.start()
+        if self.config.framed_port >= 0:
+            self._framed = FramedServer(
+                self._servicer, max_frame_bytes=self.config.max_message_bytes
+            )
+            self.framed_port = self._servicer.framed_port = await self._framed.start(
+                self.config.host, self.config.framed_port
+            )
+            self._servicer.framed_socket = self._framed.unix_name
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
@@ -126,6 +137,8 @@ class MasterServer:
         server, self._server = self._server, None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self._framed is not None:
+            await self._framed.stop(grace_s)
         await server.stop(grace_s)
         if self._ticker is not None:
             self._ticker.cancel()
@@ -204,6 +217,8 @@ async def serve(config: MasterConfig) -> None:
     print(
         f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})", flush=True
     )
+    if server.framed_port:
+        log.info("framed control endpoint on %s:%d", config.host, server.framed_port)
     await stop.wait()
     log.info("shutting down")
     await server.stop()

@@ -69,6 +69,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.config = config
         self.tiering = tiering
         self.replication = replication
+        self.framed_port = 0  # set by the server once the framed endpoint listens
+        self.framed_socket = ""
+
+    async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
+        from mooncake_store import __version__
+
+        return pb.HelloResponse(
+            framed_port=self.framed_port, framed_socket=self.framed_socket, version=__version__
+        )
 
     # ---- puts -----------------------------------------------------------------------------
 

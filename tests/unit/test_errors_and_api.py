@@ -57,3 +57,31 @@ def test_builtin_bases():
     assert issubclass(errors.BufferTooSmallError, ValueError)
     assert issubclass(errors.MasterUnavailableError, ConnectionError)
     assert str(errors.ObjectNotFoundError("no object under key 'k'")) == "no object under key 'k'"
+
+
+def test_fused_copy_checksum_matches_copy_then_hash():
+    import numpy as np
+    import xxhash
+
+    from mooncake_store.client.async_client import _FUSE_CHUNK, copy_checksum
+
+    rng = np.random.default_rng(7)
+    for size in (1, 4095, _FUSE_CHUNK - 1, _FUSE_CHUNK, _FUSE_CHUNK + 1, 3 * _FUSE_CHUNK + 17):
+        src = rng.integers(0, 256, size, dtype=np.uint8)
+        dest = np.zeros(size + 8, dtype=np.uint8)
+        digest = copy_checksum(memoryview(dest)[:size], memoryview(src))
+        assert digest == xxhash.xxh3_64_intdigest(src.tobytes())
+        assert dest[:size].tobytes() == src.tobytes() and not dest[size:].any()
+
+
+def test_host_staging_reuses_buffers_by_size_class():
+    from mooncake_store.client.device import HostStaging
+
+    staging = HostStaging(per_class=2)
+    a = staging.take(100_000)
+    assert len(a) == 128 * 1024  # power-of-two class, at least 64 KiB
+    staging.give(a)
+    assert staging.take(70_000) is a  # same class: the warm buffer comes back
+    big = staging.take(staging.max_kept_bytes + 1)
+    staging.give(big)
+    assert staging.take(staging.max_kept_bytes + 1) is not big  # too big to keep

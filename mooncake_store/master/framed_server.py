@@ -1,0 +1,171 @@
+"""The master's framed control endpoint (see `common/framed.py`): same servicer, less machinery.
+
+Each request runs the MasterServicer method of the same name that gRPC would run.  A call that
+finishes without waiting (lookups, PutStart on a quiet table) is answered before the next frame
+is read, with no task created; one that waits (a PutEnd's group commit) continues as a task, so
+later calls on the connection are not held behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
+
+log = logging.getLogger("mooncake.master")
+
+Handler = Callable[[Message, object], Coroutine[Any, Any, Message]]
+
+
+class _Resume:
+    """Await a coroutine that was already stepped once and is suspended on `waiting`."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Message], waiting: object) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, Message]:
+        waiting = self.waiting
+        while True:
+            try:
+                yield waiting
+            except BaseException as exc:  # cancellation goes on to the coroutine
+                try:
+                    waiting = self.coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                continue
+            try:
+                waiting = self.coro.send(None)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: FramedServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        try:
+            frames, used = split_frames(self.buffer, self.server.max_frame_bytes)
+        except ValueError as exc:
+            log.warning("framed client sent a bad frame, closing it: %s", exc)
+            assert self.transport is not None
+            self.transport.close()
+            return
+        del self.buffer[:used]
+        for call_id, method, payload in frames:
+            self.dispatch(call_id, method, payload)
+
+    def reply(self, call_id: int, status: FrameStatus, payload: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(HEADER.pack(len(payload), call_id, status) + payload)
+
+    def dispatch(self, call_id: int, method: int, payload: bytes) -> None:
+        handler = self.server.handlers.get(method)
+        if handler is None:
+            self.reply(call_id, FrameStatus.UNKNOWN_METHOD, f"unknown method {method}".encode())
+            return
+        call, request_type = handler
+        try:
+            request = request_type.FromString(payload)
+        except DecodeError as exc:
+            self.reply(call_id, FrameStatus.BAD_REQUEST, f"malformed request: {exc}".encode())
+            return
+        coro = call(request, None)
+        try:
+            waiting = coro.send(None)
+        except StopIteration as stop:
+            self.reply(call_id, FrameStatus.OK, stop.value.SerializeToString())
+            return
+        except Exception as exc:
+            self.failed(call_id, method, exc)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.finish(call_id, method, _Resume(coro, waiting))
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def finish(self, call_id: int, method: int, pending: _Resume) -> None:
+        try:
+            reply = await pending
+        except Exception as exc:
+            self.failed(call_id, method, exc)
+            return
+        self.reply(call_id, FrameStatus.OK, reply.SerializeToString())
+
+    def failed(self, call_id: int, method: int, exc: Exception) -> None:
+        log.exception("framed call %s failed", METHODS[method], exc_info=exc)
+        self.reply(call_id, FrameStatus.INTERNAL, f"{type(exc).__name__}: {exc}".encode())
+
+
+class FramedServer:
+    """Serves `servicer`'s framed methods on host:port (port 0 picks a free one)."""
+
+    def __init__(self, servicer: object, *, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.handlers: dict[int, tuple[Handler, type[Message]]] = {
+            i: (getattr(servicer, name), message_types(name)[0]) for i, name in enumerate(METHODS)
+        }
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._unix: asyncio.AbstractServer | None = None
+        self.unix_name = ""
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port and on the abstract unix socket `self.unix_name`; the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        port = int(self._server.sockets[0].getsockname()[1])
+        # Built by hand: uvloop does not take abstract names as a path.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"mooncake-master-{os.getpid()}-{port}"
+        try:
+            sock.bind("\0" + name)
+            sock.listen(128)
+            sock.setblocking(False)
+            self._unix = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
+            self.unix_name = name
+        except OSError as exc:  # the TCP endpoint is enough
+            sock.close()
+            log.warning("no unix framed endpoint (%s); clients use TCP", exc)
+        return port
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting, let calls in flight finish for up to `grace_s`, then close."""
+        if self._server is None:
+            return
+        self._server.close()
+        if self._unix is not None:
+            self._unix.close()
+        pending = [t for c in self.connections for t in c.tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=grace_s)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        await self._server.wait_closed()
+        self._server = None
+        if self._unix is not None:
+            await self._unix.wait_closed()
+            self._unix = None
