@@ -72,14 +72,15 @@ def checksum(data: Any) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-_FUSE_CHUNK = 256 * 1024  # fits in L2: the hash reads what the copy just brought into cache
+_FUSE_CHUNK = 1 << 20  # in cache when the hash reads it; big enough for memcpy's fast path
 
 
 def copy_checksum(dest: memoryview, src: memoryview) -> int:
     """Copy `src` into `dest` (same length) and return the checksum of `dest`.
 
-    Copying and hashing in cache-sized steps reads memory once instead of twice: on these VMs a
-    4 MiB copy runs at ~9.6 GB/s, copy-then-hash at ~7.9 GB/s, and the fused form at ~9.6 GB/s.
+    Copying and hashing in cache-sized steps reads memory once instead of twice.  On these VMs,
+    between a shared-memory pool and numpy buffers at 1-16 MiB: copy-then-hash 8.0-9.8 GB/s,
+    1 MiB steps 8.8-10.2 GB/s; 256 KiB steps fall to 5-6 GB/s on reads.
     """
     n = len(src)
     if n <= _FUSE_CHUNK:
