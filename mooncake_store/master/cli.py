@@ -19,6 +19,12 @@ from mooncake_store.master.server import serve
     help="Port of the framed control endpoint Python clients use; 0 picks a free one, "
     "-1 serves gRPC only [0].",
 )
+@click.option(
+    "--sync-commits/--no-sync-commits",
+    default=None,
+    help="fsync each group commit before answering (default), or only write it to RocksDB's "
+    "log: commits then survive a master crash but not a host crash.",
+)
 @click.option("--data-dir", default=None, help="RocksDB directory [./mooncake-data/master].")
 @click.option("--lease-ttl", "lease_ttl_s", default=None, help="Read lease, e.g. 5s.")
 @click.option(

@@ -81,6 +81,10 @@ class LruPolicy(EvictionPolicy):
 
 
 class _KeyState:
+    """Per-key policy state, kept small: there is one per cached block (10M on a big master).
+    `children` is None, one key, or a set of keys (a prefix chain has one child per block);
+    `segments` is a tuple (almost every block has one replica)."""
+
     __slots__ = ("children", "depth", "parent", "readmissions", "reads", "segments", "version")
 
     def __init__(self, parent: str, depth: int) -> None:
@@ -88,9 +92,35 @@ class _KeyState:
         self.readmissions = 0
         self.depth = depth
         self.parent = parent
-        self.children: set[str] = set()
+        self.children: str | set[str] | None = None
         self.version = 0
-        self.segments: set[int] = set()
+        self.segments: tuple[int, ...] = ()
+
+    def add_child(self, key: str) -> None:
+        if self.children is None or self.children == key:
+            self.children = key
+        elif isinstance(self.children, str):
+            self.children = {self.children, key}
+        else:
+            self.children.add(key)
+
+    def remove_child(self, key: str) -> None:
+        if isinstance(self.children, set):
+            self.children.discard(key)
+            if len(self.children) == 1:
+                self.children = next(iter(self.children))
+        elif self.children == key:
+            self.children = None
+
+    def child_keys(self) -> tuple[str, ...] | set[str]:
+        if self.children is None:
+            return ()
+        return (self.children,) if isinstance(self.children, str) else self.children
+
+
+# A heap entry: (priority, version, key).  Versions are unique and increasing, so they also
+# break priority ties in insertion order; an entry whose version is not its key's is stale.
+_Entry = tuple[float, int, str]
 
 
 class WeightedPolicy(EvictionPolicy):
@@ -101,9 +131,9 @@ class WeightedPolicy(EvictionPolicy):
         self.ghost_entries = ghost_entries
         self._keys: dict[str, _KeyState] = {}
         self._ghost: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> reads, readmits
-        self._heaps: dict[int, list[tuple[float, int, int, str]]] = {}
+        self._heaps: dict[int, list[_Entry]] = {}
         self._clock: dict[int, float] = {}
-        self._seq = itertools.count()
+        self._seq = itertools.count(1)
 
     def _value(self, state: _KeyState) -> float:
         return (1.0 + self.depth_cost * state.depth) * (1 + state.reads + state.readmissions)
@@ -115,7 +145,7 @@ class WeightedPolicy(EvictionPolicy):
         clock = self._clock.setdefault(segment_id, 0.0)
         priority = clock if self._orphan(state) else clock + self._value(state)
         heap = self._heaps.setdefault(segment_id, [])
-        heapq.heappush(heap, (priority, next(self._seq), state.version, key))
+        heapq.heappush(heap, (priority, state.version, key))
         if len(heap) > 4 * len(self._keys) + 1024:
             self._compact(segment_id)
 
@@ -129,8 +159,8 @@ class WeightedPolicy(EvictionPolicy):
         heap = self._heaps[segment_id]
         live = []
         for entry in heap:
-            state = self._keys.get(entry[3])
-            if state is not None and state.version == entry[2] and segment_id in state.segments:
+            state = self._keys.get(entry[2])
+            if state is not None and state.version == entry[1] and segment_id in state.segments:
                 live.append(entry)
         heapq.heapify(live)
         self._heaps[segment_id] = live
@@ -146,8 +176,9 @@ class WeightedPolicy(EvictionPolicy):
                 state.reads, state.readmissions = remembered[0], remembered[1] + 1
             self._keys[key] = state
             if parent_state is not None:
-                parent_state.children.add(key)
-        state.segments.add(segment_id)
+                parent_state.add_child(key)
+        if segment_id not in state.segments:
+            state.segments = (*state.segments, segment_id)
         self._refresh(key, state)
 
     def access(self, key: str) -> None:
@@ -160,7 +191,7 @@ class WeightedPolicy(EvictionPolicy):
         state = self._keys.get(key)
         if state is None:
             return
-        state.segments.discard(segment_id)
+        state.segments = tuple(s for s in state.segments if s != segment_id)
         state.version = next(self._seq)
         if state.segments:
             self._refresh(key, state)
@@ -170,8 +201,8 @@ class WeightedPolicy(EvictionPolicy):
         if parent_state is not None:
             # The parent may now be a leaf; its heap entry stays valid and keeps its priority
             # (becoming a leaf is not an access).
-            parent_state.children.discard(key)
-        for child in state.children:  # now unreachable by prefix: worth nothing
+            parent_state.remove_child(key)
+        for child in state.child_keys():  # now unreachable by prefix: worth nothing
             child_state = self._keys.get(child)
             if child_state is not None:
                 self._refresh(child, child_state)
@@ -184,19 +215,19 @@ class WeightedPolicy(EvictionPolicy):
         heap = self._heaps.get(segment_id)
         if not heap:
             return None
-        stash: list[tuple[float, int, int, str]] = []
-        fallback: tuple[float, int, int, str] | None = None
-        chosen: tuple[float, int, int, str] | None = None
+        stash: list[_Entry] = []
+        fallback: _Entry | None = None
+        chosen: _Entry | None = None
         while heap:
             entry = heapq.heappop(heap)
-            _, _, version, key = entry
+            _, version, key = entry
             state = self._keys.get(key)
             if state is None or state.version != version or segment_id not in state.segments:
                 continue  # stale
             stash.append(entry)
             if not evictable(key):
                 continue
-            if state.children and not self._orphan(state):
+            if state.children is not None and not self._orphan(state):
                 if fallback is None:
                     fallback = entry  # only if no leaf can go
                 continue
@@ -208,7 +239,7 @@ class WeightedPolicy(EvictionPolicy):
         if chosen is None:
             return None
         self._clock[segment_id] = max(self._clock.get(segment_id, 0.0), chosen[0])
-        return chosen[3]
+        return chosen[2]
 
     def ghost_size(self) -> int:
         return len(self._ghost)

@@ -77,10 +77,9 @@ class ObjectMeta:
     key: str
     size_bytes: int
     state: ObjectState
-    replicas: list[Replica]
+    replicas: tuple[Replica, ...]  # a tuple: 40 bytes less than a list, per object
     checksum: int = 0
     created_s: float = 0.0
-    put_deadline_s: float = 0.0
     lease_until_s: float = 0.0
     access_count: int = 0
     last_access_s: float = 0.0
@@ -151,6 +150,7 @@ class ObjectTable:
         self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
+        self._fingerprints: dict[bytes, bytes] = {}
         self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
         self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
@@ -238,13 +238,13 @@ class ObjectTable:
             return
         if meta is None:
             meta = ObjectMeta(
-                item.key, item.size_bytes, ObjectState.COMPLETE, [], checksum=item.checksum,
+                item.key, item.size_bytes, ObjectState.COMPLETE, (), checksum=item.checksum,
                 created_s=self._clock(), fingerprint=item.fingerprint,
                 parent_key=item.parent_key, tag=item.tag,
             )  # fmt: skip
             self._objects[item.key] = meta
             self.counters["objects_adopted"] += 1
-        meta.replicas.append(Replica(seg.segment_id, item.offset))
+        meta.replicas = (*meta.replicas, Replica(seg.segment_id, item.offset))
         seg.keys.add(item.key)
         self.policy.insert(item.key, seg.segment_id, parent=meta.parent_key)
         self._dirty[item.key] = True
@@ -323,10 +323,15 @@ class ObjectTable:
         validate_key(key)
         if parent_key:
             validate_key(parent_key)
+            parent = self._objects.get(parent_key)
+            if parent is not None:
+                parent_key = parent.key  # share the parent's string: ~110 bytes per block
         if len(fingerprint) > MAX_FINGERPRINT_BYTES:
             raise InvalidArgumentError(
                 f"fingerprint is {len(fingerprint)} bytes; the limit is {MAX_FINGERPRINT_BYTES}"
             )
+        if fingerprint:
+            fingerprint = self._intern_fingerprint(fingerprint)
         if len(tag) > MAX_TAG_BYTES:
             raise InvalidArgumentError(f"tag is {len(tag)} bytes; the limit is {MAX_TAG_BYTES}")
         if size_bytes <= 0:
@@ -389,8 +394,8 @@ class ObjectTable:
             placements.append((seg, Replica(seg.segment_id, offset)))
         deadline = now + self.config.put_timeout_s
         self._objects[key] = ObjectMeta(
-            key, size_bytes, ObjectState.PROCESSING, [r for _, r in placements],
-            created_s=now, put_deadline_s=deadline, fingerprint=fingerprint,
+            key, size_bytes, ObjectState.PROCESSING, tuple(r for _, r in placements),
+            created_s=now, fingerprint=fingerprint,
             parent_key=parent_key, tag=tag, pin_until_s=pin_until, wanted_replicas=wanted,
         )  # fmt: skip
         self._pending[key] = deadline
@@ -431,6 +436,16 @@ class ObjectTable:
         self.counters["evictions"] += 1
         self._lose_replica(meta, replica)
 
+    def _intern_fingerprint(self, fingerprint: bytes) -> bytes:
+        """One bytes object per engine identity, shared by all its blocks (a cluster has a
+        handful of identities and millions of blocks)."""
+        known = self._fingerprints.get(fingerprint)
+        if known is not None:
+            return known
+        if len(self._fingerprints) < 4096:
+            self._fingerprints[fingerprint] = fingerprint
+        return fingerprint
+
     def put_end(self, key: str, checksum: int, failed_segments: Iterable[int] = ()) -> ObjectMeta:
         """Seal a pending put with its checksum, dropping replicas the client failed to write.
 
@@ -449,7 +464,7 @@ class ObjectTable:
         failed = set(failed_segments)
         if failed:
             lost = [r for r in meta.replicas if r.segment_id in failed]
-            meta.replicas = [r for r in meta.replicas if r.segment_id not in failed]
+            meta.replicas = tuple(r for r in meta.replicas if r.segment_id not in failed)
             self._free(key, lost, 0.0)
         if not meta.replicas:
             self._delete(meta, 0.0)
@@ -658,9 +673,9 @@ class ObjectTable:
                 self._free_extent(dst, offset)
             return False
         assert meta is not None
-        meta.replicas = [r for r in meta.replicas if r is not source]
+        meta.replicas = tuple(r for r in meta.replicas if r is not source)
         self._free(key, [source], meta.protected_until_s)  # readers of the source keep it a while
-        meta.replicas.append(Replica(dst.segment_id, offset))
+        meta.replicas = (*meta.replicas, Replica(dst.segment_id, offset))
         dst.keys.add(key)
         self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
         meta.slow_reads = 0
@@ -684,7 +699,7 @@ class ObjectTable:
                 self._free_extent(dst, offset)
             return False
         assert meta is not None
-        meta.replicas.append(Replica(dst.segment_id, offset))
+        meta.replicas = (*meta.replicas, Replica(dst.segment_id, offset))
         dst.keys.add(key)
         self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
         self._dirty[key] = True
@@ -696,7 +711,7 @@ class ObjectTable:
         if len(meta.replicas) < 2:
             raise ValueError(f"{key!r} has a single replica; remove the object instead")
         replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
-        meta.replicas = [r for r in meta.replicas if r is not replica]
+        meta.replicas = tuple(r for r in meta.replicas if r is not replica)
         self._free(key, [replica], meta.protected_until_s)
         self._dirty[key] = True
 
@@ -784,7 +799,7 @@ class ObjectTable:
 
     def _lose_replica(self, meta: ObjectMeta, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
-        meta.replicas = [r for r in meta.replicas if r is not replica]
+        meta.replicas = tuple(r for r in meta.replicas if r is not replica)
         self._free(meta.key, [replica], meta.protected_until_s)
         self.counters["replicas_dropped"] += 1
         if meta.replicas:
@@ -796,7 +811,7 @@ class ObjectTable:
 
     def _delete(self, meta: ObjectMeta, free_at_s: float) -> None:
         self._free(meta.key, meta.replicas, free_at_s)
-        meta.replicas = []
+        meta.replicas = ()
         del self._objects[meta.key]
         self._pending.pop(meta.key, None)
         self._dirty.pop(meta.key, None)
@@ -818,7 +833,7 @@ class ObjectTable:
             meta = self._objects.get(key)
             if meta is None:
                 continue
-            meta.replicas = [r for r in meta.replicas if r.segment_id != segment_id]
+            meta.replicas = tuple(r for r in meta.replicas if r.segment_id != segment_id)
             self.counters["replicas_dropped"] += 1
             if meta.replicas:
                 if meta.state is ObjectState.COMPLETE:

@@ -48,7 +48,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
         _HEADER.unpack_from(blob)
     )
     offset = _HEADER.size
-    replicas = []
+    replicas: list[Replica] = []
     for _ in range(count):
         replicas.append(Replica(*_REPLICA.unpack_from(blob, offset)))
         offset += _REPLICA.size
@@ -58,7 +58,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     offset += n_parent
     tag = blob[offset : offset + n_tag]
     return ObjectMeta(
-        key, size_bytes, ObjectState.COMPLETE, replicas, checksum=checksum,
+        key, size_bytes, ObjectState.COMPLETE, tuple(replicas), checksum=checksum,
         created_s=created_s, fingerprint=fingerprint, parent_key=parent, tag=tag,
         pin_until_s=pin_until_s, wanted_replicas=wanted,
     )  # fmt: skip
@@ -67,13 +67,13 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
 class MetadataStore:
     """Committed-object records in RocksDB under `path`, written with group commit."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, sync: bool = True) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db = Rdict(str(path), options)
         self._sync = WriteOptions()
-        self._sync.sync = True
+        self._sync.sync = sync  # False: in the WAL (the OS has it), not fsync'd
         self._queue: list[tuple[dict[bytes, bytes | None], asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -95,7 +95,7 @@ class MetadataStore:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     async def write(self, puts: Sequence[ObjectMeta] = (), deletes: Sequence[str] = ()) -> None:
-        """Persist the mutations durably (fsync'd) before returning."""
+        """Persist the mutations before returning (fsync'd unless opened with sync=False)."""
         if not puts and not deletes:
             return
         mutations: dict[bytes, bytes | None] = {}

@@ -98,7 +98,7 @@ class MasterServer:
         if self.port is not None:
             return self.port
         data_dir = Path(self.config.data_dir)
-        self._store = MetadataStore(data_dir / "rocksdb")
+        self._store = MetadataStore(data_dir / "rocksdb", sync=self.config.sync_commits)
         restored = self.table.restore(self._store.load())
         self._store.start()
         if restored:

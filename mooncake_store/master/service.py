@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -41,18 +42,30 @@ def _status(exc: MooncakeError) -> pb.Status:
 def _location(
     seg: Segment, replica: Replica, size_bytes: int, expires_s: float, mode: GrantMode
 ) -> pb.ReplicaLocation:
+    out = pb.ReplicaLocation()
+    _fill_location(out, seg, replica, size_bytes, expires_s, mode)
+    return out
+
+
+def _fill_location(
+    out: pb.ReplicaLocation,
+    seg: Segment,
+    replica: Replica,
+    size_bytes: int,
+    expires_s: float,
+    mode: GrantMode,
+) -> None:
     node = seg.info.node
     grant = Grant(seg.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
-    return pb.ReplicaLocation(
-        node_id=node.node_id,
-        segment_id=seg.segment_id,
-        endpoint=node.endpoint,
-        shm_socket=node.shm_socket if seg.tier is Tier.DRAM else "",
-        offset=replica.offset,
-        size_bytes=size_bytes,
-        grant=sign_grant(node.secret, grant),
-        tier=seg.tier.value,
-    )
+    out.node_id = node.node_id
+    out.segment_id = seg.segment_id
+    out.endpoint = node.endpoint
+    if seg.tier is Tier.DRAM:
+        out.shm_socket = node.shm_socket
+    out.offset = replica.offset
+    out.size_bytes = size_bytes
+    out.grant = sign_grant(node.secret, grant)
+    out.tier = seg.tier.value
 
 
 class MasterServicer(pb_grpc.MasterServiceServicer):
@@ -172,34 +185,43 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def _replica_list(self, key: str, fingerprint: bytes = b"") -> pb.ReplicaListResult:
+    def _replica_list(
+        self, out: pb.ReplicaListResult, key: str, fingerprint: bytes = b""
+    ) -> pb.ReplicaListResult:
+        """Fill `out` (built in place: a message added to a reply is not copied again)."""
         try:
             meta, live = self.table.get_replicas(key, fingerprint)
         except MooncakeError as exc:
-            return pb.ReplicaListResult(status=_status(exc))
-        return pb.ReplicaListResult(
-            status=_OK,
-            size_bytes=meta.size_bytes,
-            checksum=meta.checksum,
-            lease_ttl_s=self.config.lease_ttl_s,
-            tag=meta.tag,
-            parent_key=meta.parent_key,
-            replicas=[
-                _location(seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ)
-                for seg, r in live
-            ],
-        )
+            out.status.code, out.status.message = exc.code, exc.message
+            return out
+        out.size_bytes = meta.size_bytes
+        out.checksum = meta.checksum
+        out.lease_ttl_s = self.config.lease_ttl_s
+        if meta.tag:
+            out.tag = meta.tag
+        if meta.parent_key:
+            out.parent_key = meta.parent_key
+        for seg, r in live:
+            _fill_location(
+                out.replicas.add(), seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ
+            )
+        return out
+
+    def _replica_lists(
+        self, keys: Sequence[str], fingerprint: bytes
+    ) -> pb.BatchGetReplicaListResponse:
+        reply = pb.BatchGetReplicaListResponse()
+        for key in keys:
+            self._replica_list(reply.results.add(), key, fingerprint)
+        return reply
 
     async def GetReplicaList(self, request: pb.KeyRequest, context: object) -> pb.ReplicaListResult:
-        return self._replica_list(request.key, request.fingerprint)
+        return self._replica_list(pb.ReplicaListResult(), request.key, request.fingerprint)
 
     async def BatchGetReplicaList(
         self, request: pb.KeysRequest, context: object
     ) -> pb.BatchGetReplicaListResponse:
-        fingerprint = request.fingerprint
-        return pb.BatchGetReplicaListResponse(
-            results=[self._replica_list(k, fingerprint) for k in request.keys]
-        )
+        return self._replica_lists(request.keys, request.fingerprint)
 
     async def PrefixMatch(self, request: pb.KeysRequest, context: object) -> pb.PrefixMatchResponse:
         return pb.PrefixMatchResponse(
@@ -211,9 +233,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.BatchGetReplicaListResponse:
         matched = self.table.prefix_match(request.keys, request.fingerprint)
         keys = request.keys[:matched]
-        return pb.BatchGetReplicaListResponse(
-            results=[self._replica_list(k, request.fingerprint) for k in keys]
-        )
+        return self._replica_lists(keys, request.fingerprint)
 
     async def Exists(self, request: pb.KeyRequest, context: object) -> pb.ExistsResult:
         return pb.ExistsResult(exists=self.table.exists(request.key))

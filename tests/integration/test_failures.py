@@ -231,3 +231,19 @@ def test_restarted_node_is_remounted_and_its_dead_pool_unmapped(tmp_path):
             assert store.get("after") == b"new pool"
             new_segment = store.list_nodes()[0].segment_id
             assert store._async._shm.mapped_segments() == [new_segment]
+
+
+def test_unsynced_commits_survive_a_master_kill(tmp_path):
+    """--no-sync-commits skips the fsync, not the write: a kill -9 loses no acknowledged put."""
+    args = [*FAST_MASTER, "--no-sync-commits"]
+    with LocalCluster(tmp_path, nodes=1, dram="32MiB", master_args=args) as cluster:
+        values = {f"unsynced/{i}": os.urandom(4096 + i) for i in range(50)}
+        with Client(cluster.master_address) as store:
+            for key, value in values.items():  # one commit each, the last just before the kill
+                store.put(key, value)
+        cluster.master.signal(signal.SIGKILL)
+        cluster.master.proc.wait()
+        cluster.start_master()
+        cluster.wait_for_nodes(1)
+        with Client(cluster.master_address) as store:
+            assert store.get_many(list(values)) == list(values.values())

@@ -98,3 +98,29 @@ def test_make_policy():
     assert make_policy("weighted", depth_cost=0.1).name == "weighted"
     with pytest.raises(ValueError, match="unknown eviction policy"):
         make_policy("fifo")
+
+
+def test_weighted_fork_stays_a_parent_until_its_last_child_goes():
+    p = WeightedPolicy(depth_cost=0.0)
+    p.insert("root", 0)
+    for child in ("left", "right", "mid"):
+        p.insert(child, 0, parent="root")
+    for _ in range(3):
+        p.access("left")  # the children outlive the root's value, not its role as a parent
+        p.access("right")
+        p.access("mid")
+    assert p.pick(0, every) != "root"  # a parent: a leaf goes first
+    assert p.pick(0, lambda k: k == "root") == "root"  # unless no leaf may go
+    order = drain(p, evictable=lambda k: True)
+    assert order.index("root") == 3  # every child goes first, then the bare root
+
+
+def test_weighted_block_in_two_segments_is_evicted_from_each():
+    p = WeightedPolicy()
+    p.insert("a", 0)
+    p.insert("a", 1)
+    p.insert("b", 1)
+    assert p.pick(0, every) == "a"
+    p.discard("a", 0)
+    assert p.pick(0, every) is None  # gone from segment 0 only
+    assert sorted(drain(p, segment=1)) == ["a", "b"]

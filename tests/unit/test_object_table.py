@@ -218,10 +218,10 @@ def test_restore_waits_for_mount_then_rebuilds_allocator(clock):
     config = TableConfig(restore_grace_s=30)
     t = ObjectTable(config, clock=clock)
     metas = [
-        ObjectMeta("a", MiB, ObjectState.COMPLETE, [Replica(100, 0), Replica(101, 0)], checksum=1),
-        ObjectMeta("b", 10, ObjectState.COMPLETE, [Replica(100, MiB)], checksum=2),
-        ObjectMeta("c", 10, ObjectState.COMPLETE, [Replica(102, 0)], checksum=3),
-        ObjectMeta("d", 10, ObjectState.COMPLETE, [Replica(102, 4096)], checksum=4),
+        ObjectMeta("a", MiB, ObjectState.COMPLETE, (Replica(100, 0), Replica(101, 0)), checksum=1),
+        ObjectMeta("b", 10, ObjectState.COMPLETE, (Replica(100, MiB),), checksum=2),
+        ObjectMeta("c", 10, ObjectState.COMPLETE, (Replica(102, 0),), checksum=3),
+        ObjectMeta("d", 10, ObjectState.COMPLETE, (Replica(102, 4096),), checksum=4),
     ]
     assert t.restore(metas) == 4
     with pytest.raises(ReplicaUnavailableError):

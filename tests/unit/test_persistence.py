@@ -11,7 +11,7 @@ def meta(key: str, n: int = 2) -> ObjectMeta:
         key,
         4096 * n,
         ObjectState.COMPLETE,
-        [Replica(0xFFFF_FFFF_FFFF_FFF0 + i, i * 8192) for i in range(n)],
+        tuple(Replica(0xFFFF_FFFF_FFFF_FFF0 + i, i * 8192) for i in range(n)),
         checksum=2**64 - 1,
         created_s=12.5,
         fingerprint=b"\x01" * 16,
