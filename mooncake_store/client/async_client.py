@@ -11,7 +11,7 @@ the checksum, falling back to the next replica on any failure.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,6 +60,7 @@ from mooncake_store.common.errors import (
     ReplicaUnavailableError,
 )
 from mooncake_store.common.keys import validate_key
+from mooncake_store.common.wire import Op
 
 T = TypeVar("T")
 
@@ -95,16 +96,33 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Await:
-    """An async step of an operation: the driver awaits `start()` (on the client's loop)."""
+class MapPools:
+    """Step: map the DRAM pools of `replicas` whose nodes share this host (once per pool)."""
 
-    start: Callable[[], Coroutine[Any, Any, Any]]
+    replicas: Sequence[ReplicaLocation]
 
 
-# An operation written once as a generator of steps: master calls and async steps.  The async
-# client awaits each step (`AsyncClient._drive`); the sync Client makes master calls on a
-# blocking socket of the calling thread and hands only the async steps to its loop.
-Flow = Generator[MasterCall[Any] | Await, Any, T]
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One node access over TCP: write `buffer` to, or read the replica into, `buffer`."""
+
+    op: Op
+    loc: ReplicaLocation
+    buffer: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Transfers:
+    """Step: run the transfers; the result is one MooncakeError or None per transfer."""
+
+    transfers: Sequence[Transfer]
+
+
+# An operation written once as a generator of steps: master calls, pool mapping and TCP
+# transfers.  The async client awaits each step (`AsyncClient._drive`, transfers in parallel);
+# the sync Client takes them in the calling thread on blocking sockets of its own.
+Step = MasterCall[Any] | MapPools | Transfers
+Flow = Generator[Step, Any, T]
 
 
 def as_readable(value: object, *, what: str = "value") -> memoryview:
@@ -253,10 +271,40 @@ class AsyncClient:
                     call = master.run(step)
                     # A step taken while unwinding a cancellation must not be cancelled too.
                     value = await (asyncio.shield(call) if cleanup else call)
+                elif isinstance(step, Transfers):
+                    value = await self._transfer_all(step.transfers)
                 else:
-                    value = await step.start()
+                    await self._map_pools(step.replicas)
+                    value = None
             except BaseException as exc:
                 error = exc
+
+    async def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
+        results = await asyncio.gather(
+            *(self._tcp.exchange(t.loc, t.op, t.buffer) for t in transfers),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, MooncakeError):
+                raise result
+        return results  # type: ignore[return-value]
+
+    async def _map_pools(self, replicas: Sequence[ReplicaLocation]) -> None:
+        loop = asyncio.get_running_loop()
+        for loc in self._unmapped(replicas):
+            await loop.run_in_executor(None, self._shm.map, loc)
+
+    def _unmapped(self, replicas: Sequence[ReplicaLocation]) -> list[ReplicaLocation]:
+        """One replica per same-host-candidate DRAM pool that is not mapped yet."""
+        if not self.local_shm:
+            return []
+        seen: dict[int, ReplicaLocation] = {}
+        for loc in replicas:
+            if loc.tier != "DRAM" or self._shm.cached(loc) is not None:
+                continue
+            if self._shm.worth_probing(loc):
+                seen.setdefault(loc.segment_id, loc)
+        return list(seen.values())
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -404,7 +452,7 @@ class AsyncClient:
             # Replicas in pools already mapped on this host are plain copies: no task each.
             remote = [p for p in to_write if not self._write_local(p)]
             if remote:
-                yield Await(lambda: self._write_remote(remote))
+                yield from self._write_remote(remote)
         except GeneratorExit:
             raise
         except BaseException:
@@ -439,35 +487,41 @@ class AsyncClient:
                 results.append(PutResult(key, 0, True))
         return results
 
-    async def _write_remote(self, pending: list[_Pending]) -> None:
-        await asyncio.gather(*(self._write_replicas(p) for p in pending))
-
-    async def _write_replicas(self, p: _Pending) -> None:
-        assert p.plan is not None
-        p.checksum = checksum(p.value)
-        results = await asyncio.gather(
-            *(self._write_one(loc, p.value) for loc in p.plan.replicas), return_exceptions=True
-        )
-        p.failed = []
-        for loc, result in zip(p.plan.replicas, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, MooncakeError):
-                    raise result
+    def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
+        """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""
+        yield MapPools([loc for p in pending for loc in p.plan.replicas])  # type: ignore[union-attr]
+        remote: list[tuple[_Pending, ReplicaLocation]] = []
+        for p in pending:
+            assert p.plan is not None
+            p.failed = []
+            hashed = False
+            for loc in p.plan.replicas:
+                pool = self._mapped(loc)
+                if pool is None:
+                    remote.append((p, loc))
+                    continue
+                dest = pool[loc.offset : loc.offset + len(p.value)]
+                if hashed:
+                    dest[:] = p.value
+                else:
+                    p.checksum, hashed = copy_checksum(dest, p.value), True
+                self.counters["shm_writes"] += 1
+            if not hashed:
+                p.checksum = checksum(p.value)
+        if remote:
+            results = yield Transfers([Transfer(Op.WRITE, loc, p.value) for p, loc in remote])
+            for (p, loc), err in zip(remote, results, strict=True):
+                if err is None:
+                    self.counters["tcp_writes"] += 1
+                    continue
+                assert p.failed is not None
                 p.failed.append(loc.segment_id)
                 p.error = p.error or DataPathError(
-                    f"writing {p.key!r} to node {loc.node_id} failed: {result}"
+                    f"writing {p.key!r} to node {loc.node_id} failed: {err}"
                 )
-        if p.landed():
-            p.error = None  # at least one replica landed: the put succeeds
-
-    async def _write_one(self, loc: ReplicaLocation, value: memoryview) -> None:
-        pool = await self._local_pool(loc)
-        if pool is not None:
-            pool[loc.offset : loc.offset + len(value)] = value
-            self.counters["shm_writes"] += 1
-        else:
-            await self._tcp.write(loc, value)
-            self.counters["tcp_writes"] += 1
+        for p in pending:
+            if p.landed():
+                p.error = None  # at least one replica landed: the put succeeds
 
     # ---- gets -------------------------------------------------------------------------------
 
@@ -645,10 +699,64 @@ class AsyncClient:
             if not self._read_local(i, v[: i.size_bytes])
         ]
         if remote:
-            yield Await(lambda: self._read_remote(remote))
+            yield from self._read_remote(remote)
 
-    async def _read_remote(self, remote: list[tuple[str, ReplicaList, memoryview]]) -> None:
-        await asyncio.gather(*(self._read(k, i, v) for k, i, v in remote))
+    def _read_remote(self, remote: list[tuple[str, ReplicaList, memoryview]]) -> Flow[None]:
+        """Read each object from its best replica, falling over to the next on any failure;
+        each round reads the next candidate of every object still unread, in parallel."""
+        yield MapPools([loc for _, info, _ in remote for loc in info.replicas])
+        rank = {"GPU": 1, "DRAM": 1, "NVME": 2}
+        queues = [
+            sorted(info.replicas, key=lambda loc: 0 if self._mapped(loc) is not None
+                   else rank.get(loc.tier, 3))
+            for _, info, _ in remote
+        ]  # fmt: skip
+        last: list[MooncakeError | None] = [None] * len(remote)
+        todo = list(range(len(remote)))
+        while todo:
+            transfers: list[tuple[int, ReplicaLocation]] = []
+            for n in todo:
+                key, info, dest = remote[n]
+                while queues[n]:
+                    loc = queues[n].pop(0)
+                    pool = self._mapped(loc)
+                    if pool is None:
+                        transfers.append((n, loc))
+                        break
+                    self.counters["shm_reads"] += 1
+                    digest = copy_checksum(dest, pool[loc.offset : loc.offset + info.size_bytes])
+                    last[n] = self._verified(key, loc, info, digest)
+                    if last[n] is None:
+                        break
+            results: list[MooncakeError | None] = []
+            if transfers:
+                results = yield Transfers(
+                    [Transfer(Op.READ, loc, remote[n][2]) for n, loc in transfers]
+                )
+            for (n, loc), err in zip(transfers, results, strict=True):
+                key, info, dest = remote[n]
+                if err is None:
+                    self.counters["tcp_reads"] += 1
+                    err = self._verified(key, loc, info, checksum(dest))
+                last[n] = err
+            todo = [n for n in todo if last[n] is not None and queues[n]]
+        for (key, _, _), err in zip(remote, last, strict=True):
+            if isinstance(err, ChecksumMismatchError):
+                raise err
+            if err is not None:
+                raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
+
+    def _verified(
+        self, key: str, loc: ReplicaLocation, info: ReplicaList, digest: int
+    ) -> MooncakeError | None:
+        if digest == info.checksum:
+            tier = f"{loc.tier.lower()}_reads"
+            self.counters[tier] = self.counters.get(tier, 0) + 1
+            return None
+        self.counters["checksum_failures"] += 1
+        return ChecksumMismatchError(
+            f"replica of {key!r} on node {loc.node_id} failed its checksum"
+        )
 
     def _mapped(self, loc: ReplicaLocation) -> memoryview | None:
         """The pool of `loc` if it is a DRAM replica already mapped on this host."""
@@ -701,48 +809,6 @@ class AsyncClient:
             self.counters["shm_writes"] += 1
         p.failed = []
         return True
-
-    async def _read(self, key: str, info: ReplicaList, dest: memoryview) -> None:
-        ordered = await self._by_locality(info.replicas)
-        last: MooncakeError | None = None
-        for loc, pool in ordered:
-            try:
-                if pool is not None:
-                    dest[:] = pool[loc.offset : loc.offset + info.size_bytes]
-                    self.counters["shm_reads"] += 1
-                else:
-                    await self._tcp.read_into(loc, dest)
-                    self.counters["tcp_reads"] += 1
-            except DataPathError as exc:
-                last = exc
-                continue
-            if checksum(dest) == info.checksum:
-                tier = f"{loc.tier.lower()}_reads"
-                self.counters[tier] = self.counters.get(tier, 0) + 1
-                return
-            self.counters["checksum_failures"] += 1
-            last = ChecksumMismatchError(
-                f"replica of {key!r} on node {loc.node_id} failed its checksum"
-            )
-        if isinstance(last, ChecksumMismatchError):
-            raise last
-        raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {last}")
-
-    async def _by_locality(
-        self, replicas: list[ReplicaLocation]
-    ) -> list[tuple[ReplicaLocation, memoryview | None]]:
-        """Same-host shared memory first, then DRAM over TCP, then slower tiers."""
-        with_pool = [(loc, await self._local_pool(loc)) for loc in replicas]
-        rank = {"GPU": 1, "DRAM": 1, "NVME": 2}
-        return sorted(with_pool, key=lambda lp: 0 if lp[1] is not None else rank.get(lp[0].tier, 3))
-
-    async def _local_pool(self, loc: ReplicaLocation) -> memoryview | None:
-        if not self.local_shm or loc.tier != "DRAM":
-            return None
-        view = self._shm.cached(loc)
-        if view is None and self._shm.worth_probing(loc):
-            view = await asyncio.get_running_loop().run_in_executor(None, self._shm.map, loc)
-        return view
 
     # ---- metadata ---------------------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 Every operation is written once, as a flow of steps (see `async_client.Flow`).  The sync Client
 runs a flow in the calling thread: master calls go out on a blocking framed socket that the
 thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
-same-host copies are plain memcpys, and only the steps that are async by nature (TCP transfers,
-mapping a pool) are handed to one private event loop on a daemon thread, which also carries
-every call when the master has no framed endpoint.
+same-host copies are plain memcpys, and a single TCP transfer runs on a blocking node socket of
+the thread.  One private event loop on a daemon thread runs what gains from concurrency (several
+transfers at once) and every master call when the master has no framed endpoint.
 """
 
 from __future__ import annotations
@@ -16,11 +16,18 @@ import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient, Flow
+from mooncake_store.client.async_client import (
+    DEFAULT_MASTER,
+    AsyncClient,
+    Flow,
+    Transfer,
+    Transfers,
+)
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedCallError
 from mooncake_store.client.master_client import MasterCall, MasterClient
+from mooncake_store.client.transport import BlockingNodeConnections
 from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
-from mooncake_store.common.errors import RpcError
+from mooncake_store.common.errors import MooncakeError, RpcError
 from mooncake_store.common.framed import REPLY_TYPES
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
@@ -47,6 +54,7 @@ class Client:
         self._closed = False
         self._local = threading.local()  # each thread's blocking framed channel
         self._channels: list[BlockingFramedChannel] = []
+        self._node_sets: list[BlockingNodeConnections] = []
         self._channels_lock = threading.Lock()
 
     @property
@@ -80,10 +88,32 @@ class Client:
             try:
                 if isinstance(step, MasterCall):
                     value = self._master_call(step)
+                elif isinstance(step, Transfers):
+                    value = self._transfer_all(step.transfers)
                 else:
-                    value = self._run(step.start())
+                    for loc in self._async._unmapped(step.replicas):
+                        self._async._shm.map(loc)
             except BaseException as exc:
                 error = exc
+
+    def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
+        """One transfer runs on this thread's blocking socket; several (a batch, or replicas
+        on many nodes) run in parallel on the loop."""
+        if len(transfers) > 1:
+            return self._run(self._async._transfer_all(transfers))
+        nodes: BlockingNodeConnections | None = getattr(self._local, "nodes", None)
+        if nodes is None:
+            nodes = self._local.nodes = BlockingNodeConnections(timeout_s=self._async.timeout_s)
+            with self._channels_lock:
+                self._node_sets.append(nodes)
+        results: list[MooncakeError | None] = []
+        for t in transfers:
+            try:
+                nodes.exchange(t.loc, t.op, t.buffer)
+                results.append(None)
+            except MooncakeError as exc:
+                results.append(exc)
+        return results
 
     def _master_call(self, call: MasterCall[T]) -> T:
         channel = self._channel()
@@ -160,8 +190,11 @@ class Client:
             return
         with self._channels_lock:
             channels, self._channels = self._channels, []
+            node_sets, self._node_sets = self._node_sets, []
         for channel in channels:
             channel.close()
+        for nodes in node_sets:
+            nodes.close()
         self._run(self._async.close())
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -256,6 +256,13 @@ class TcpPool:
         finally:
             self._release(loc.endpoint, conn)
 
+    async def exchange(self, loc: ReplicaLocation, op: Op, buffer: memoryview) -> None:
+        """WRITE `buffer` to the replica, or READ the replica into `buffer`."""
+        if op is Op.WRITE:
+            await self._exchange(loc, op, buffer, None)
+        else:
+            await self._exchange(loc, op, None, buffer)
+
     async def write(self, loc: ReplicaLocation, payload: memoryview) -> None:
         await self._exchange(loc, Op.WRITE, payload, None)
 
@@ -268,3 +275,103 @@ class TcpPool:
                 if conn.transport is not None:
                     conn.transport.close()
         self._idle.clear()
+
+
+class BlockingNodeConnections:
+    """Blocking TCP connections to store nodes, one per node, for one thread (the sync Client
+    keeps a set per thread): a transfer is a sendall and a recv_into straight into the caller's
+    buffer, as fast as loopback TCP goes, with no event loop in between."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._socks: dict[str, socket.socket] = {}
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+
+    def _connect(self, endpoint: str) -> socket.socket:
+        host, _, port = endpoint.rpartition(":")
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
+        except OSError as exc:
+            raise DataPathError(f"cannot connect to store node {endpoint}: {exc!r}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socks[endpoint] = sock
+        return sock
+
+    def _drop(self, endpoint: str) -> None:
+        sock = self._socks.pop(endpoint, None)
+        if sock is not None:
+            sock.close()
+
+    def exchange(self, loc: ReplicaLocation, op: Op, buffer: memoryview) -> None:
+        """WRITE `buffer` to the replica, or READ the replica into `buffer`."""
+        reused = loc.endpoint in self._socks
+        sock = self._socks.get(loc.endpoint) or self._connect(loc.endpoint)
+        try:
+            self._exchange(sock, loc, op, buffer)
+        except _StaleConnection:
+            # The node closed an idle connection (it restarted, or dropped it): one retry on
+            # a fresh one, as the async pool does.  Both operations are idempotent.
+            self._drop(loc.endpoint)
+            if not reused:
+                raise DataPathError(f"store node {loc.endpoint} closed the connection") from None
+            try:
+                self._exchange(self._connect(loc.endpoint), loc, op, buffer)
+            except _StaleConnection:
+                self._drop(loc.endpoint)
+                raise DataPathError(f"store node {loc.endpoint} closed the connection") from None
+            except BaseException:
+                self._drop(loc.endpoint)
+                raise
+        except BaseException:
+            self._drop(loc.endpoint)  # mid-transfer failures leave the stream unusable
+            raise
+
+    def _exchange(
+        self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview
+    ) -> None:
+        frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+        try:
+            sock.sendall(frame)
+        except OSError as exc:
+            raise _StaleConnection() from exc
+        try:
+            if op is Op.WRITE:
+                sock.sendall(buffer)
+            header = bytearray(RESPONSE.size)
+            got = sock.recv_into(header)
+            if got == 0:
+                raise _StaleConnection()
+            _recv_exactly(sock, memoryview(header)[got:])
+            status, _, size = RESPONSE.unpack(header)
+            if status != OK:
+                message = bytearray(size)
+                _recv_exactly(sock, memoryview(message))
+                raise error_for_code(status, message.decode(errors="replace"))
+            if op is Op.READ:
+                if size != len(buffer):
+                    raise DataPathError(f"node sent {size} bytes, expected {len(buffer)}")
+                _recv_exactly(sock, buffer)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise _StaleConnection() from exc
+        except TimeoutError:
+            raise DataPathError(
+                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
+
+
+class _StaleConnection(Exception):
+    pass
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    while len(view):
+        n = sock.recv_into(view)
+        if n == 0:
+            raise DataPathError("store node closed the connection mid-reply")
+        view = view[n:]

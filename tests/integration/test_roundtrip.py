@@ -135,3 +135,20 @@ def test_stats_count_objects(store):
     assert stats.nodes == 3 and stats.capacity_bytes == 3 * 64 * 2**20
     assert stats.objects > 0 and stats.used_bytes >= stats.bytes_stored > 0
     assert stats.counters["puts_committed"] >= stats.objects
+
+
+def test_sync_tcp_path_uses_a_blocking_socket_and_reconnects(cluster):
+    import socket
+    import time
+
+    value = os.urandom(3 << 20)
+    with Client(cluster.master_address, local_shm=False) as store:
+        store.put("tcp/blocking", value)
+        assert store.get("tcp/blocking") == value
+        socks = store._local.nodes._socks  # this thread's node sockets: the blocking path ran
+        assert len(socks) == 1
+        for sock in socks.values():
+            sock.shutdown(socket.SHUT_WR)  # the node sees the end of the stream and hangs up
+        time.sleep(0.2)
+        assert store.get("tcp/blocking") == value  # a fresh connection, not an error
+        assert store.counters["tcp_reads"] == 2 and store.counters["tcp_writes"] == 1
