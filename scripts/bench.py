@@ -7,9 +7,12 @@ measures, one client thread:
   ours-tcp   the same calls over the TCP data path (local_shm=False)
   memcpy     numpy.copyto between two warm buffers in one process (upper bound, same host)
   tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
-Each case writes --total-mib of distinct keys (capped at --max-seconds) from a rotating set of
-up to 256 MiB of distinct pre-faulted buffers (so nothing runs from the CPU cache), reads them
-all back into another such set, then removes them.  Prints a table and writes JSON records.
+Each case writes --total-mib of distinct keys (capped at --max-seconds), reads them all back,
+then removes them.  Like the peers' harness (../shared/peers), each client thread puts from one
+pre-faulted source buffer and gets into one destination buffer (an engine's KV buffers are
+reused the same way), while the store side moves through fresh extents; every value carries its
+index in its first 8 bytes, checked on every get.  memcpy copies one buffer to and from slots
+of a 256 MiB ring.  Prints a table and writes JSON records.
 
     python scripts/bench.py [--sizes 64K,1M,4M,16M] [--total-mib 256] [--json OUT.json]
 """
@@ -95,53 +98,79 @@ def timed(count: int, max_s: float, op) -> tuple[list[float], float]:
     return samples, time.perf_counter() - start
 
 
-WORKING_SET = 256 << 20  # distinct buffers, so no case runs from the CPU cache
+WORKING_SET = 256 << 20  # the memcpy ring: the store side of a copy never runs from cache
 
 
-def buffers(size: int, count: int, *, fill: bool) -> list[np.ndarray]:
-    """`count` distinct, pre-faulted buffers covering up to WORKING_SET bytes (reused in turn)."""
-    n = max(1, min(count, WORKING_SET // size))
-    rng = np.random.default_rng(size)
-    if fill:
-        return [rng.integers(0, 255, size, dtype=np.uint8) for _ in range(n)]
-    return [np.ones(size, dtype=np.uint8) for _ in range(n)]
+def stamped_ops(store: Client, size: int, keys: list[str]) -> tuple:
+    """put(i) / get(i) closures over one source and one destination buffer; each value
+    carries its index in its first 8 bytes, and every get checks it."""
+    src = np.random.default_rng(size).integers(0, 255, max(size, 8), dtype=np.uint8)
+    dst = np.ones(max(size, 8), dtype=np.uint8)  # pre-faulted
+    src_stamp = src[:8].view(np.uint64)
+    dst_stamp = dst[:8].view(np.uint64)
+
+    def put(i: int) -> None:
+        src_stamp[0] = i
+        store.put_from(keys[i], src[:size])
+
+    def get(i: int) -> None:
+        store.get_into(keys[i], dst[:size])
+        if dst_stamp[0] != i:
+            raise SystemExit(f"{keys[i]}: read back the bytes of another key")
+
+    def verify(i: int) -> None:
+        src_stamp[0] = i
+        get(i)
+        if not np.array_equal(src[:size], dst[:size]):
+            raise SystemExit(f"{keys[i]}: bytes read back differ from bytes written")
+
+    return put, get, verify
+
+
+def release(store: Client, keys: list[str]) -> None:
+    """Remove a case's keys and wait until their extents are free (read leases must end
+    first), so the next case starts on an empty pool and never measures eviction."""
+    for start in range(0, len(keys), 256):
+        store.remove_many(keys[start : start + 256])
+    deadline = time.monotonic() + 30
+    while store.stats().used_bytes and time.monotonic() < deadline:
+        time.sleep(0.1)
+    evictions = store.stats().counters.get("evictions", 0)
+    if evictions:
+        raise SystemExit(f"the store evicted {evictions} blocks: give the node a bigger pool")
 
 
 def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: bool) -> dict:
     system = "ours-shm" if local_shm else "ours-tcp"
-    srcs = buffers(size, count, fill=True)
-    dsts = buffers(size, count, fill=False)
     with Client(master, local_shm=local_shm) as store:
         keys = [f"bench/{system}/{size}/{i}" for i in range(count)]
-        store.put_from("warmup", srcs[0])  # maps the pool, opens connections
-        store.get_into("warmup", dsts[0])
+        warm = np.ones(size, dtype=np.uint8)
+        store.put_from("warmup", warm)  # maps the pool, opens connections
+        store.get_into("warmup", warm)
         store.remove("warmup")
-        put_s, put_wall = timed(
-            count, max_s, lambda i: store.put_from(keys[i], srcs[i % len(srcs)])
-        )
+        put, get, verify = stamped_ops(store, size, keys)
+        put_s, put_wall = timed(count, max_s, put)
         written = keys[: len(put_s)]
-        get_s, get_wall = timed(
-            len(written), max_s, lambda i: store.get_into(written[i], dsts[i % len(dsts)])
-        )
-        for i in range(min(len(written), len(srcs))):
-            if not np.array_equal(srcs[i], dsts[i]):
-                raise SystemExit(f"{system} {size}: bytes read back differ from bytes written")
-        for start in range(0, len(written), 256):
-            store.remove_many(written[start : start + 256])
-        deadline = time.monotonic() + 30
-        while store.stats().used_bytes and time.monotonic() < deadline:
-            time.sleep(0.1)  # removed blocks are freed when their read leases end
+        get_s, get_wall = timed(len(written), max_s, get)
+        for i in range(0, len(written), max(1, len(written) // 8)):
+            verify(i)
+        release(store, written)
         path_used = store.counters["shm_reads" if local_shm else "tcp_reads"]
         assert path_used >= len(get_s), "the benchmark did not use the intended data path"
     return record(system, size, put_s, get_s, put_wall, get_wall)
 
 
 def bench_memcpy(size: int, count: int, max_s: float) -> dict:
-    srcs = buffers(size, count, fill=True)
-    dsts = buffers(size, count, fill=False)
-    n = len(srcs)
-    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(dsts[i % n], srcs[i % n]))
-    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(srcs[i % n], dsts[i % n]))
+    buf = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
+    slots = max(1, WORKING_SET // size)
+    ring = np.ones(slots * size, dtype=np.uint8)  # pre-faulted
+
+    def slot(i: int) -> np.ndarray:
+        start = (i % slots) * size
+        return ring[start : start + size]
+
+    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(slot(i), buf))
+    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(buf, slot(i)))
     return record("memcpy", size, put_s, get_s, put_wall, get_wall)
 
 

@@ -26,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,40 +51,42 @@ PEERS_PY = ROOT / ".peers-venv" / "bin" / "python"
 
 
 def ours(master: str, size: int, count: int, max_s: float, threads: int, shm: bool) -> dict:
-    """Our store with `threads` client threads, each with its own Client and keys."""
+    """Our store with `threads` client threads sharing one Client (as the peers' harness shares
+    one Mooncake client), each with its own buffers and keys; every phase starts together."""
     if threads == 1:
         return bench.bench_store(master, size, count, max_s, local_shm=shm)
     per = max(1, count // threads)
     system = "ours-shm" if shm else "ours-tcp"
+    with Client(master, local_shm=shm) as store:
+        keys = [[f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
+                for t in range(threads)]  # fmt: skip
+        ops = [bench.stamped_ops(store, size, keys[t]) for t in range(threads)]
+        barrier = threading.Barrier(threads)
 
-    def worker(t: int) -> tuple[list[float], list[float], float, float]:
-        src = bench.buffers(size, per, fill=True)
-        dst = bench.buffers(size, per, fill=False)
-        keys = [f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
-        with Client(master, local_shm=shm) as store:
+        def warm_up(t: int) -> None:  # this thread's sockets open, the pool mapped
+            barrier.wait()
+            warm = np.ones(size, dtype=np.uint8)
+            store.put_from(f"warmup/{t}", warm)
+            store.get_into(f"warmup/{t}", warm)
+            store.remove(f"warmup/{t}")
 
-            def put(i: int) -> None:
-                store.put_from(keys[i], src[i % len(src)])
+        def phase(t: int, n: int, op_index: int) -> tuple[list[float], float]:
+            barrier.wait()  # one task per pool thread, all starting together
+            return bench.timed(n, max_s, ops[t][op_index])
 
-            put_s, put_wall = bench.timed(per, max_s, put)
-            done = keys[: len(put_s)]
-
-            def get(i: int) -> None:
-                store.get_into(done[i], dst[i % len(dst)])
-
-            get_s, get_wall = bench.timed(len(done), max_s, get)
-            for i in range(min(len(done), len(src))):
-                if not np.array_equal(src[i], dst[i]):
-                    raise SystemExit(f"{system}: bytes read back differ from bytes written")
-            store.remove_many(done)
-        return put_s, get_s, put_wall, get_wall
-
-    with ThreadPoolExecutor(threads) as pool:
-        results = list(pool.map(worker, range(threads)))
-    put_s = [x for r in results for x in r[0]]
-    get_s = [x for r in results for x in r[1]]
-    rec = bench.record(system, size, put_s, get_s, max(r[2] for r in results),
-                       max(r[3] for r in results))  # fmt: skip
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(warm_up, range(threads)))
+            puts = list(pool.map(lambda t: phase(t, per, 0), range(threads)))
+            done = [len(p[0]) for p in puts]
+            gets = list(pool.map(lambda t: phase(t, done[t], 1), range(threads)))
+        for t in range(threads):
+            for i in range(0, done[t], max(1, done[t] // 4)):
+                ops[t][2](i)
+        bench.release(store, [k for t in range(threads) for k in keys[t][: done[t]]])
+    put_s = [x for p in puts for x in p[0]]
+    get_s = [x for g in gets for x in g[0]]
+    rec = bench.record(system, size, put_s, get_s, max(p[1] for p in puts),
+                       max(g[1] for g in gets))  # fmt: skip
     rec["threads"] = threads
     return rec
 
