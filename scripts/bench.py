@@ -7,6 +7,7 @@ measures, one client thread:
   ours-tcp   the same calls over the TCP data path (local_shm=False)
   memcpy     numpy.copyto between two warm buffers in one process (upper bound, same host)
   tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
+  ours-shm-batchN / ours-tcp-batchN   put_many / get_many_into of N keys per call (opt-in)
 Each case writes --total-mib of distinct keys (capped at --max-seconds), reads them all back,
 then removes them.  Like the peers' harness (../shared/peers), each client thread puts from one
 pre-faulted source buffer and gets into one destination buffer (an engine's KV buffers are
@@ -160,6 +161,34 @@ def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: 
     return record(system, size, put_s, get_s, put_wall, get_wall)
 
 
+def bench_batch(
+    master: str, size: int, count: int, max_s: float, *, local_shm: bool, batch: int
+) -> dict:
+    """put_many / get_many_into of `batch` keys per call (p50s are per call)."""
+    system = f"ours-{'shm' if local_shm else 'tcp'}-batch{batch}"
+    calls = max(1, count // batch)
+    src = np.random.default_rng(size).integers(0, 255, size * batch, dtype=np.uint8)
+    dst = np.ones(size * batch, dtype=np.uint8)
+    srcs = [src[i * size : (i + 1) * size] for i in range(batch)]
+    dsts = [dst[i * size : (i + 1) * size] for i in range(batch)]
+    with Client(master, local_shm=local_shm) as store:
+        keys = [[f"bench/{system}/{size}/{c}/{i}" for i in range(batch)] for c in range(calls)]
+        store.put_from("warmup", srcs[0])
+        store.get_into("warmup", dsts[0])
+        store.remove("warmup")
+        put_s, put_wall = timed(
+            calls, max_s, lambda c: store.put_many(zip(keys[c], srcs, strict=True))
+        )
+        done = len(put_s)
+        get_s, get_wall = timed(done, max_s, lambda c: store.get_many_into(keys[c], dsts))
+        if not np.array_equal(src, dst):
+            raise SystemExit(f"{system}: bytes read back differ from bytes written")
+        release(store, [k for c in range(done) for k in keys[c]])
+    rec = record(system, size * batch, put_s, get_s, put_wall, get_wall)
+    rec["size_bytes"], rec["batch"] = size, batch
+    return rec
+
+
 def bench_memcpy(size: int, count: int, max_s: float) -> dict:
     buf = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
     slots = max(1, WORKING_SET // size)
@@ -233,6 +262,11 @@ def main() -> None:
     parser.add_argument("--max-ops", type=int, default=2000, help="cap on calls per case")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="cap per phase")
     parser.add_argument("--json", default="bench-results/bench.json")
+    parser.add_argument(
+        "--no-sync-commits",
+        action="store_true",
+        help="run the master with --no-sync-commits (commits not fsync'd); systems get -nosync",
+    )
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     systems = args.systems.split(",")
@@ -241,15 +275,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
         dram = f"{max(total + (64 << 20), max(sizes) * 8) >> 20}MiB"
         # A short read lease: each case waits for its removed blocks to be freed.
-        with LocalCluster(tmp, nodes=1, dram=dram, master_args=["--lease-ttl", "1s"]) as cluster:
+        master_args = ["--lease-ttl", "1s"]
+        if args.no_sync_commits:
+            master_args.append("--no-sync-commits")
+        with LocalCluster(tmp, nodes=1, dram=dram, master_args=master_args) as cluster:
             for size in sizes:
                 count = max(1, min(args.max_ops, total // size))
                 for system in systems:
                     if system in ("ours-shm", "ours-tcp"):
                         shm = system == "ours-shm"
                         master = cluster.master_address
+                        rec = bench_store(master, size, count, args.max_seconds, local_shm=shm)
+                        if args.no_sync_commits:
+                            rec["system"] += "-nosync"
+                        records.append(rec)
+                    elif system.startswith(("ours-shm-batch", "ours-tcp-batch")):
+                        batch = int(system.rsplit("batch", 1)[1])
+                        master = cluster.master_address
+                        shm = system.startswith("ours-shm")
                         records.append(
-                            bench_store(master, size, count, args.max_seconds, local_shm=shm)
+                            bench_batch(
+                                master, size, count, args.max_seconds, local_shm=shm, batch=batch
+                            )
                         )
                     elif system == "memcpy":
                         records.append(bench_memcpy(size, count, args.max_seconds))

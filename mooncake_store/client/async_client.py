@@ -53,6 +53,7 @@ from mooncake_store.common.errors import (
     BufferTooSmallError,
     ChecksumMismatchError,
     DataPathError,
+    GrantExpiredError,
     InvalidArgumentError,
     InvalidValueError,
     MooncakeError,
@@ -561,7 +562,7 @@ class AsyncClient:
                     for n, b in zip(remote, staging, strict=True)
                 ]
                 yield from self._read_all(
-                    [keys[n] for n in remote], [infos[n] for n in remote], views
+                    [keys[n] for n in remote], [infos[n] for n in remote], views, fingerprint
                 )
                 for n, view in zip(remote, views, strict=True):
                     out[n] = bytes(view)
@@ -595,7 +596,7 @@ class AsyncClient:
         try:
             results = yield get_replica_list_call(keys, fingerprint)
             infos = self._checked(keys, results)
-            yield from self._read_all(keys, infos, views)
+            yield from self._read_all(keys, infos, views, fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(devices)
@@ -633,7 +634,7 @@ class AsyncClient:
         try:
             results = yield get_prefix_call(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
-            yield from self._read_all(keys, infos, views)
+            yield from self._read_all(keys, infos, views, fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(devices)
@@ -688,7 +689,11 @@ class AsyncClient:
         return infos
 
     def _read_all(
-        self, keys: Sequence[str], infos: Sequence[ReplicaList], views: Sequence[memoryview]
+        self,
+        keys: Sequence[str],
+        infos: Sequence[ReplicaList],
+        views: Sequence[memoryview],
+        fingerprint: bytes = b"",
     ) -> Flow[None]:
         """Copy each object into its view (zip stops at the shorter `infos` of a prefix)."""
         for key, info, view in zip(keys, infos, views, strict=False):
@@ -703,11 +708,47 @@ class AsyncClient:
             if not self._read_local(i, v[: i.size_bytes])
         ]
         if remote:
-            yield from self._read_remote(remote)
+            yield from self._read_remote(remote, fingerprint)
 
-    def _read_remote(self, remote: list[tuple[str, ReplicaList, memoryview]]) -> Flow[None]:
-        """Read each object from its best replica, falling over to the next on any failure;
-        each round reads the next candidate of every object still unread, in parallel."""
+    def _read_remote(
+        self, remote: list[tuple[str, ReplicaList, memoryview]], fingerprint: bytes
+    ) -> Flow[None]:
+        """Read each object from its best replica, falling over to the next on any failure.
+        Objects whose read grants expired before the node saw them (a batch that outlived its
+        lease) get fresh replica lists once and are read again."""
+        last = yield from self._read_rounds(remote)
+        expired = [n for n, err in enumerate(last) if isinstance(err, GrantExpiredError)]
+        if expired:
+            keys = [remote[n][0] for n in expired]
+            fresh = yield get_replica_list_call(keys, fingerprint)
+            retry: list[tuple[str, ReplicaList, memoryview]] = []
+            retried: list[int] = []
+            for n, info in zip(expired, fresh, strict=True):
+                key, old, dest = remote[n]
+                if isinstance(info, MooncakeError):
+                    last[n] = info  # removed meanwhile, say
+                elif info.size_bytes != old.size_bytes or info.checksum != old.checksum:
+                    last[n] = ReplicaUnavailableError(f"{key!r} changed while it was read")
+                else:
+                    retry.append((key, info, dest))
+                    retried.append(n)
+            again = yield from self._read_rounds(retry)
+            for n, err in zip(retried, again, strict=True):
+                last[n] = err
+        for (key, _, _), err in zip(remote, last, strict=True):
+            if err is None:
+                continue
+            if isinstance(err, ChecksumMismatchError | ObjectNotFoundError):
+                raise err
+            raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
+
+    def _read_rounds(
+        self, remote: list[tuple[str, ReplicaList, memoryview]]
+    ) -> Flow[list[MooncakeError | None]]:
+        """Each round reads the next candidate replica of every object still unread, in
+        parallel (same-host pools first); returns the last error of each object, or None."""
+        if not remote:
+            return []
         yield MapPools([loc for _, info, _ in remote for loc in info.replicas])
         rank = {"GPU": 1, "DRAM": 1, "NVME": 2}
         queues = [
@@ -744,11 +785,7 @@ class AsyncClient:
                     err = self._verified(key, loc, info, checksum(dest))
                 last[n] = err
             todo = [n for n in todo if last[n] is not None and queues[n]]
-        for (key, _, _), err in zip(remote, last, strict=True):
-            if isinstance(err, ChecksumMismatchError):
-                raise err
-            if err is not None:
-                raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
+        return last
 
     def _verified(
         self, key: str, loc: ReplicaLocation, info: ReplicaList, digest: int

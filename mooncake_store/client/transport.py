@@ -196,12 +196,16 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 class TcpPool:
-    """Idle TCP connections per node endpoint."""
+    """TCP connections per node endpoint: at most `max_per_node` in use at once (more requests
+    wait their turn: a node serves from one event loop, and a burst of connects beyond its
+    listen backlog would stall in SYN retries for a second), idle ones kept for reuse."""
 
-    def __init__(self, *, timeout_s: float, max_idle_per_node: int = 8) -> None:
+    def __init__(self, *, timeout_s: float, max_per_node: int = 8) -> None:
         self.timeout_s = timeout_s
-        self.max_idle = max_idle_per_node
+        self.max_idle = max_per_node
+        self.max_per_node = max_per_node
         self._idle: dict[str, list[_Connection]] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     async def _acquire(self, endpoint: str, *, fresh: bool = False) -> _Connection:
         idle = self._idle.get(endpoint)
@@ -228,6 +232,15 @@ class TcpPool:
         idle.append(conn)
 
     async def _exchange(
+        self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
+    ) -> None:
+        slots = self._slots.get(loc.endpoint)
+        if slots is None:
+            slots = self._slots[loc.endpoint] = asyncio.Semaphore(self.max_per_node)
+        async with slots:
+            await self._exchange_one(loc, op, payload, dest)
+
+    async def _exchange_one(
         self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
     ) -> None:
         frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)

@@ -96,6 +96,13 @@ class AccessDeniedError(DataPathError):
     code = -801
 
 
+class GrantExpiredError(AccessDeniedError):
+    """The grant's lease or put window ended before the node saw the access (the client
+    re-asks the master once for a read)."""
+
+    code = -802
+
+
 class RpcError(MooncakeError):
     code = -900
 
@@ -123,6 +130,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         IdentityMismatchError,
         DataPathError,
         AccessDeniedError,
+        GrantExpiredError,
         RpcError,
         MasterUnavailableError,
     )

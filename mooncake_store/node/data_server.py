@@ -19,7 +19,7 @@ import mmap
 import time
 from concurrent.futures import Executor
 
-from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError
+from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
 from mooncake_store.common.grant import GrantMode, verify_grant
 from mooncake_store.common.wire import MAGIC, REQUEST, Op, pack_response
 from mooncake_store.node.gpu import GpuTier
@@ -62,7 +62,10 @@ class DataAccess:
         elif grant.segment_id not in self.dram and self.staged(grant.segment_id) is None:
             problem = f"grant is for segment {grant.segment_id:x}, which this node does not hold"
         elif grant.expires_ms < time.time() * 1000:
-            problem = "grant expired (put timed out or read lease ended); ask the master again"
+            self.denied += 1
+            raise GrantExpiredError(
+                "grant expired (put timed out or read lease ended); ask the master again"
+            )
         elif not grant.covers(offset, size_bytes, mode):
             problem = f"{mode.name} of [{offset}, +{size_bytes}) is outside the granted extent"
         elif offset + size_bytes > self.size_of(grant.segment_id):
@@ -200,4 +203,6 @@ class _Connection(asyncio.BufferedProtocol):
 
 async def start_data_server(access: DataAccess, host: str, port: int) -> asyncio.Server:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: _Connection(access), host, port, reuse_address=True)
+    return await loop.create_server(
+        lambda: _Connection(access), host, port, reuse_address=True, backlog=1024
+    )

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from mooncake_store import (
     ChecksumMismatchError,
     Client,
     DataPathError,
+    GrantExpiredError,
     ObjectNotFoundError,
 )
 from mooncake_store.client.master_client import MasterClient
@@ -109,7 +111,7 @@ def test_node_refuses_forged_expired_and_out_of_range_grants(cluster3):
 
     def expired() -> bool:
         status, body = raw_request(wloc, Op.WRITE, wloc.grant, wloc.offset, 4, b"late")
-        return status == AccessDeniedError.code and b"expired" in body
+        return status == GrantExpiredError.code and b"expired" in body
 
     wait_until(expired, timeout_s=5, what="the write grant to expire")
     with Client(cluster3.master_address) as store:
@@ -247,3 +249,24 @@ def test_unsynced_commits_survive_a_master_kill(tmp_path):
         cluster.wait_for_nodes(1)
         with Client(cluster.master_address) as store:
             assert store.get_many(list(values)) == list(values.values())
+
+
+def test_read_whose_grant_expired_asks_the_master_again(tmp_path):
+    """A read reaching the node after its lease ended is refused (GrantExpiredError) and
+    retried once with a fresh replica list, so a slow batch does not fail spuriously."""
+    args = [*FAST_MASTER, "--lease-ttl", "200ms"]
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+        value = os.urandom(100_000)
+        with Client(cluster.master_address, local_shm=False) as store:
+            store.put("slow-read", value)
+            gets_before = store.stats().counters["gets"]
+            node = cluster.nodes[0]
+            node.signal(signal.SIGSTOP)  # the request will wait in the node's socket
+            got: list[bytes] = []
+            reader = threading.Thread(target=lambda: got.append(store.get("slow-read")))
+            reader.start()
+            time.sleep(0.6)  # three leases long
+            node.signal(signal.SIGCONT)
+            reader.join(timeout=10)
+            assert got == [value]
+            assert store.stats().counters["gets"] == gets_before + 2  # one refresh

@@ -14,6 +14,7 @@ def test_public_surface_is_pinned_and_sorted():
         "Client",
         "ClusterStats",
         "DataPathError",
+        "GrantExpiredError",
         "IdentityMismatchError",
         "InvalidArgumentError",
         "InvalidKeyError",
