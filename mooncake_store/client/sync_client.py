@@ -3,9 +3,10 @@
 Every operation is written once, as a flow of steps (see `async_client.Flow`).  The sync Client
 runs a flow in the calling thread: master calls go out on a blocking framed socket that the
 thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
-same-host copies are plain memcpys, and a single TCP transfer runs on a blocking node socket of
-the thread.  One private event loop on a daemon thread runs what gains from concurrency (several
-transfers at once) and every master call when the master has no framed endpoint.
+same-host copies are plain memcpys, and TCP transfers run on blocking node sockets of the thread
+(a batch pipelined: every request sent, then the replies read in order).  One private event loop
+on a daemon thread carries the master calls when the master has no framed endpoint, and the
+fallback after a socket error.
 """
 
 from __future__ import annotations
@@ -97,23 +98,20 @@ class Client:
                 error = exc
 
     def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
-        """One transfer runs on this thread's blocking socket; several (a batch, or replicas
-        on many nodes) run in parallel on the loop."""
-        if len(transfers) > 1:
-            return self._run(self._async._transfer_all(transfers))
+        """The transfers on this thread's blocking node sockets, pipelined per node."""
         nodes: BlockingNodeConnections | None = getattr(self._local, "nodes", None)
         if nodes is None:
             nodes = self._local.nodes = BlockingNodeConnections(timeout_s=self._async.timeout_s)
             with self._channels_lock:
                 self._node_sets.append(nodes)
-        results: list[MooncakeError | None] = []
-        for t in transfers:
+        if len(transfers) == 1:
+            t = transfers[0]
             try:
                 nodes.exchange(t.loc, t.op, t.buffer)
-                results.append(None)
             except MooncakeError as exc:
-                results.append(exc)
-        return results
+                return [exc]
+            return [None]
+        return nodes.exchange_many([(t.loc, t.op, t.buffer) for t in transfers])
 
     def _master_call(self, call: MasterCall[T]) -> T:
         channel = self._channel()

@@ -18,7 +18,12 @@ import socket
 import struct
 
 from mooncake_store.client.types import ReplicaLocation
-from mooncake_store.common.errors import OK, DataPathError, error_for_code
+from mooncake_store.common.errors import (
+    OK,
+    DataPathError,
+    MooncakeError,
+    error_for_code,
+)
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 
 _HELLO = struct.Struct("<QQ")
@@ -370,6 +375,85 @@ class BlockingNodeConnections:
                 _recv_exactly(sock, buffer)
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise _StaleConnection() from exc
+        except TimeoutError:
+            raise DataPathError(
+                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
+
+    def exchange_many(
+        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+    ) -> list[MooncakeError | None]:
+        """Many transfers, pipelined: every request goes out on its node's socket first, then
+        the replies are read in order (a node answers one connection's requests in order).
+        The result is one MooncakeError or None per transfer."""
+        results: list[MooncakeError | None] = [None] * len(transfers)
+        by_node: dict[str, list[int]] = {}
+        for i, (loc, _, _) in enumerate(transfers):
+            by_node.setdefault(loc.endpoint, []).append(i)
+        sent: dict[str, socket.socket] = {}
+        for endpoint, items in by_node.items():
+            try:
+                sent[endpoint] = self._send_all(endpoint, [transfers[i] for i in items])
+            except MooncakeError as exc:
+                for i in items:
+                    results[i] = exc
+        for endpoint, sock in sent.items():
+            items = by_node[endpoint]
+            for n, i in enumerate(items):
+                loc, op, buffer = transfers[i]
+                try:
+                    results[i] = self._receive(sock, loc, op, buffer)
+                except MooncakeError as exc:  # the stream broke: nothing after it is readable
+                    results[i] = exc
+                else:
+                    if results[i] is None or op is Op.READ:
+                        continue  # after a refused read the node goes on with the next request
+                # A refused WRITE makes the node hang up; the rest of this node's transfers
+                # fail over.
+                self._drop(endpoint)
+                for j in items[n + 1 :]:
+                    results[j] = DataPathError(f"connection to {endpoint} lost mid-batch")
+                break
+        return results
+
+    def _send_all(
+        self, endpoint: str, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+    ) -> socket.socket:
+        reused = endpoint in self._socks
+        sock = self._socks.get(endpoint) or self._connect(endpoint)
+        for attempt in (0, 1):
+            try:
+                for loc, op, buffer in transfers:
+                    sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
+                    if op is Op.WRITE:
+                        sock.sendall(buffer)
+                return sock
+            except OSError as exc:
+                self._drop(endpoint)
+                if attempt or not reused:
+                    raise DataPathError(f"sending to store node {endpoint} failed: {exc}") from exc
+                sock = self._connect(endpoint)  # an idle connection the node had dropped
+        raise AssertionError("unreachable")
+
+    def _receive(
+        self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview
+    ) -> MooncakeError | None:
+        """Read one reply: the node's refusal, or None; raises when the stream broke."""
+        try:
+            header = bytearray(RESPONSE.size)
+            _recv_exactly(sock, memoryview(header))
+            status, _, size = RESPONSE.unpack(header)
+            if status != OK:
+                message = bytearray(size)
+                _recv_exactly(sock, memoryview(message))
+                return error_for_code(status, message.decode(errors="replace"))
+            if op is Op.READ:
+                if size != len(buffer):
+                    raise DataPathError(f"node sent {size} bytes, expected {len(buffer)}")
+                _recv_exactly(sock, buffer)
+            return None
         except TimeoutError:
             raise DataPathError(
                 f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"

@@ -270,3 +270,47 @@ def test_read_whose_grant_expired_asks_the_master_again(tmp_path):
             reader.join(timeout=10)
             assert got == [value]
             assert store.stats().counters["gets"] == gets_before + 2  # one refresh
+
+
+def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
+    """A batch pipelined on one node socket: a refused read leaves the rest served; a refused
+    write makes the node hang up, and the writes behind it fail (to be revoked or retried),
+    never land silently."""
+    from dataclasses import replace
+
+    from mooncake_store.client.transport import BlockingNodeConnections
+
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        master = cluster.master_address
+        value = os.urandom(20_000)
+        with Client(master) as store:
+            store.put("pipe/r", value)
+        loc = replica_list(master, "pipe/r").replicas[0]
+        forged = bytearray(loc.grant)
+        forged[-1] ^= 0x01
+        nodes = BlockingNodeConnections(timeout_s=5)
+        try:
+            bufs = [memoryview(bytearray(loc.size_bytes)) for _ in range(3)]
+            bad = replace(loc, grant=bytes(forged))
+            results = nodes.exchange_many(
+                [(loc, Op.READ, bufs[0]), (bad, Op.READ, bufs[1]), (loc, Op.READ, bufs[2])]
+            )
+            assert results[0] is None and results[2] is None
+            assert isinstance(results[1], AccessDeniedError)
+            assert bytes(bufs[0]) == bytes(bufs[2]) == value
+
+            wlocs = [put_start(master, f"pipe/w{i}", 4096).replicas[0] for i in range(3)]
+            wbad = replace(wlocs[1], grant=bytes(forged))
+            payload = memoryview(os.urandom(4096))
+            results = nodes.exchange_many(
+                [(wlocs[0], Op.WRITE, payload), (wbad, Op.WRITE, payload),
+                 (wlocs[2], Op.WRITE, payload)]
+            )  # fmt: skip
+            assert results[0] is None
+            assert isinstance(results[1], AccessDeniedError)
+            assert isinstance(results[2], DataPathError)  # behind the refusal: not written
+            # The connection was dropped and a fresh one serves the next batch.
+            again = nodes.exchange_many([(loc, Op.READ, bufs[0]), (loc, Op.READ, bufs[1])])
+            assert again == [None, None] and bytes(bufs[1]) == value
+        finally:
+            nodes.close()
