@@ -7,6 +7,8 @@ allocator and the eviction policy, exactly as the RPCs would) as prefix chains o
 blocks with 64-hex-character content-hash keys, like engine KV blocks.  Then it measures:
 
   rss_per_block   (RSS after the fill - RSS before) / blocks
+  full_gc_ms      a full gc.collect() over the filled table, before and after the master's
+                  periodic freeze of long-lived objects
   lookup_us       BatchGetReplicaList of 128 chained keys through the master's servicer, the
                   request parsed from bytes and the reply serialized (what one RPC costs the
                   master, without the socket), p50 / p99 over --lookups calls
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
-from mooncake_store.master.server import MasterServer
+from mooncake_store.master.server import MasterServer, freeze_long_lived
 from mooncake_store.master.service import MasterServicer
 
 BLOCK_BYTES = 64 * 1024
@@ -108,7 +110,13 @@ def main() -> None:
             print(f"  {put:>10,} blocks, {(rss_bytes() - before) / put:.0f} B/block, "
                   f"{rate:,.0f} puts/s", flush=True)  # fmt: skip
     fill_s = time.perf_counter() - started
+    t0 = time.perf_counter()
     gc.collect()
+    full_gc_s = time.perf_counter() - t0  # what a full collection would stall the master
+    freeze_long_lived()  # what the master does every few seconds
+    t0 = time.perf_counter()
+    gc.collect()
+    frozen_gc_s = time.perf_counter() - t0
     after = rss_bytes()
     table.take_dirty()  # the fill's RocksDB mutations: not part of the resident cost
 
@@ -133,6 +141,8 @@ def main() -> None:
         "rss_per_block_bytes": round((after - before) / args.blocks, 1),
         "rss_total_gib": round(after / 2**30, 2),
         "fill_seconds": round(fill_s, 1),
+        "full_gc_ms": round(full_gc_s * 1e3, 1),
+        "full_gc_after_freeze_ms": round(frozen_gc_s * 1e3, 1),
         "lookup_keys": 128,
         "lookup_p50_us": round(statistics.median(samples), 1),
         "lookup_p99_us": round(samples[int(len(samples) * 0.99)], 1),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables for the README from bench_compare.py's JSON (put/get GB/s per system).
 
-    python scripts/perf_tables.py bench-results/compare.json [--threads 1]
+python scripts/perf_tables.py bench-results/compare.json [--threads 1]
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ def main() -> None:
             cells = []
             for system in systems:
                 got = [r for r in rows if r["system"] == system and r["size_bytes"] == size]
-                cells.append(
-                    f"{got[0]['put_gbps']:.2f} / {got[0]['get_gbps']:.2f}" if got else "-"
-                )
+                cells.append(f"{got[0]['put_gbps']:.2f} / {got[0]['get_gbps']:.2f}" if got else "-")
             print(f"| {label(size)} | " + " | ".join(cells) + " |")
 
 
