@@ -392,50 +392,67 @@ class BlockingNodeConnections:
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
             by_node.setdefault(loc.endpoint, []).append(i)
-        sent: dict[str, socket.socket] = {}
-        for endpoint, items in by_node.items():
+        sending: dict[str, tuple[socket.socket, int, DataPathError | None]] = {}
+        for endpoint, items in by_node.items():  # every node gets its requests first
             try:
-                sent[endpoint] = self._send_all(endpoint, [transfers[i] for i in items])
+                sending[endpoint] = self._send_all(endpoint, [transfers[i] for i in items])
             except MooncakeError as exc:
                 for i in items:
                     results[i] = exc
-        for endpoint, sock in sent.items():
+        for endpoint, (sock, sent, failure) in sending.items():
             items = by_node[endpoint]
-            for n, i in enumerate(items):
+            for i in items[sent:]:  # never fully sent: not done
+                results[i] = failure
+            broken: MooncakeError | None = failure
+            for n, i in enumerate(items[:sent]):
                 loc, op, buffer = transfers[i]
                 try:
                     results[i] = self._receive(sock, loc, op, buffer)
                 except MooncakeError as exc:  # the stream broke: nothing after it is readable
-                    results[i] = exc
-                else:
-                    if results[i] is None or op is Op.READ:
-                        continue  # after a refused read the node goes on with the next request
-                # A refused WRITE makes the node hang up; the rest of this node's transfers
-                # fail over.
+                    for j in items[n:sent]:
+                        results[j] = exc
+                    broken = exc
+                    break
+                if results[i] is not None and op is Op.WRITE:
+                    # A refused WRITE makes the node hang up: the rest of this node's transfers
+                    # are not done (the caller fails them over or revokes them).
+                    broken = DataPathError(f"connection to {endpoint} lost mid-batch")
+                    for j in items[n + 1 : sent]:
+                        results[j] = broken
+                    break
+            if broken is not None:
                 self._drop(endpoint)
-                for j in items[n + 1 :]:
-                    results[j] = DataPathError(f"connection to {endpoint} lost mid-batch")
-                break
         return results
 
     def _send_all(
         self, endpoint: str, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
-    ) -> socket.socket:
+    ) -> tuple[socket.socket, int, DataPathError | None]:
+        """Send the requests; (socket, how many were sent in full, the send failure or None)."""
         reused = endpoint in self._socks
         sock = self._socks.get(endpoint) or self._connect(endpoint)
-        for attempt in (0, 1):
-            try:
-                for loc, op, buffer in transfers:
-                    sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
-                    if op is Op.WRITE:
-                        sock.sendall(buffer)
-                return sock
-            except OSError as exc:
+        sent = 0
+        try:
+            for loc, op, buffer in transfers:
+                sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
+                if op is Op.WRITE:
+                    sock.sendall(buffer)
+                sent += 1
+        except OSError:
+            if sent == 0 and reused:  # an idle connection the node had dropped: once more
                 self._drop(endpoint)
-                if attempt or not reused:
-                    raise DataPathError(f"sending to store node {endpoint} failed: {exc}") from exc
-                sock = self._connect(endpoint)  # an idle connection the node had dropped
-        raise AssertionError("unreachable")
+                sock = self._connect(endpoint)
+                try:
+                    for loc, op, buffer in transfers:
+                        sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
+                        if op is Op.WRITE:
+                            sock.sendall(buffer)
+                        sent += 1
+                except OSError as again:
+                    exc = again
+                else:
+                    return sock, sent, None
+            return sock, sent, DataPathError(f"sending to store node {endpoint} failed: {exc}")
+        return sock, sent, None
 
     def _receive(
         self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview

@@ -306,8 +306,11 @@ def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
                 [(wlocs[0], Op.WRITE, payload), (wbad, Op.WRITE, payload),
                  (wlocs[2], Op.WRITE, payload)]
             )  # fmt: skip
-            assert results[0] is None
-            assert isinstance(results[1], AccessDeniedError)
+            # The node answers the refusal and hangs up on the unread rest.  Its replies may be
+            # lost to the reset, so a write can be reported failed although it landed (the
+            # put is then revoked): never the reverse.
+            assert results[0] is None or isinstance(results[0], DataPathError)
+            assert isinstance(results[1], DataPathError)  # AccessDenied, or lost to the reset
             assert isinstance(results[2], DataPathError)  # behind the refusal: not written
             # The connection was dropped and a fresh one serves the next batch.
             again = nodes.exchange_many([(loc, Op.READ, bufs[0]), (loc, Op.READ, bufs[1])])
