@@ -17,15 +17,10 @@ import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from mooncake_store.client.async_client import (
-    DEFAULT_MASTER,
-    AsyncClient,
-    Flow,
-    Transfer,
-    Transfers,
-)
+from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedCallError
 from mooncake_store.client.master_client import MasterCall, MasterClient
+from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.transport import BlockingNodeConnections
 from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
 from mooncake_store.common.errors import MooncakeError, RpcError

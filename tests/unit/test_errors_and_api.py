@@ -64,7 +64,7 @@ def test_fused_copy_checksum_matches_copy_then_hash():
     import numpy as np
     import xxhash
 
-    from mooncake_store.client.async_client import _FUSE_CHUNK, copy_checksum
+    from mooncake_store.client.steps import _FUSE_CHUNK, copy_checksum
 
     rng = np.random.default_rng(7)
     for size in (1, 4095, _FUSE_CHUNK - 1, _FUSE_CHUNK, _FUSE_CHUNK + 1, 3 * _FUSE_CHUNK + 17):

@@ -1,0 +1,295 @@
+"""The read side of the client's operations, as flows (see `steps`): get, get_into, their batch
+and prefix forms.  A read asks the master for replica lists (which grant read leases), copies
+from the closest replica (a mapped same-host pool first) and verifies the checksum, falling back
+to the next replica on any failure, and once to fresh replica lists when a grant expired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mooncake_store.client.device import HostStaging, PinnedStaging, device_bytes, is_device_buffer
+from mooncake_store.client.master_client import (
+    get_prefix_call,
+    get_replica_list_call,
+    prefix_match_call,
+)
+from mooncake_store.client.steps import (
+    Flow,
+    LocalPools,
+    MapPools,
+    Transfer,
+    Transfers,
+    as_writable,
+    checksum,
+    copy_checksum,
+)
+from mooncake_store.client.types import PrefixRead, ReplicaList, ReplicaLocation
+from mooncake_store.common.errors import (
+    BufferTooSmallError,
+    ChecksumMismatchError,
+    GrantExpiredError,
+    InvalidArgumentError,
+    MooncakeError,
+    ObjectNotFoundError,
+    ReplicaUnavailableError,
+)
+from mooncake_store.common.keys import validate_key
+from mooncake_store.common.wire import Op
+
+
+class ReadFlows(LocalPools):
+    """Read operations of AsyncClient (a mixin: the state is the client's)."""
+
+    counters: dict[str, int]
+    _pinned: PinnedStaging
+    _staging: HostStaging
+
+    def _get_many_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[list[bytes]]:
+        keys = [validate_key(k) for k in keys]
+        infos = self._checked(keys, (yield get_replica_list_call(keys, fingerprint)))
+        out: list[bytes | None] = [self._take_local(i) for i in infos]
+        remote = [n for n, data in enumerate(out) if data is None]
+        if remote:
+            # Read through warm staging buffers, then one copy into the new bytes.
+            staging = [self._staging.take(infos[n].size_bytes) for n in remote]
+            try:
+                views = [
+                    memoryview(b)[: infos[n].size_bytes]
+                    for n, b in zip(remote, staging, strict=True)
+                ]
+                yield from self._read_all(
+                    [keys[n] for n in remote], [infos[n] for n in remote], views, fingerprint
+                )
+                for n, view in zip(remote, views, strict=True):
+                    out[n] = bytes(view)
+            finally:
+                for buf in staging:
+                    self._staging.give(buf)
+        return out  # type: ignore[return-value]
+
+    def _get_many_into_flow(
+        self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
+    ) -> Flow[list[int]]:
+        if len(keys) != len(buffers):
+            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
+        keys = [validate_key(k) for k in keys]
+        views, devices = self._targets(buffers)
+        try:
+            results = yield get_replica_list_call(keys, fingerprint)
+            infos = self._checked(keys, results)
+            yield from self._read_all(keys, infos, views, fingerprint)
+            self._to_devices(devices, infos)
+        finally:
+            self._release(devices)
+        return [info.size_bytes for info in infos]
+
+    def _prefix_match_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[int]:
+        keys = [validate_key(k) for k in keys]
+        return (yield prefix_match_call(keys, fingerprint))  # type: ignore[no-any-return]
+
+    def _get_prefix_into_flow(
+        self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
+    ) -> Flow[PrefixRead]:
+        if len(keys) != len(buffers):
+            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
+        keys = [validate_key(k) for k in keys]
+        views, devices = self._targets(buffers)
+        try:
+            results = yield get_prefix_call(keys, fingerprint)
+            infos = self._checked(keys[: len(results)], results)
+            yield from self._read_all(keys, infos, views, fingerprint)
+            self._to_devices(devices, infos)
+        finally:
+            self._release(devices)
+        return PrefixRead(len(infos), [i.size_bytes for i in infos], [i.tag for i in infos])
+
+    def _targets(
+        self, buffers: Sequence[object]
+    ) -> tuple[list[memoryview], list[tuple[int, Any, np.ndarray]]]:
+        """Host views to read into; device buffers get a pinned staging buffer each."""
+        views: list[memoryview] = []
+        devices: list[tuple[int, Any, np.ndarray]] = []
+        for i, buf in enumerate(buffers):
+            if is_device_buffer(buf):
+                dev = device_bytes(buf)
+                host = self._pinned.take(dev.nbytes)
+                devices.append((i, dev, host))
+                views.append(as_writable(host))
+            else:
+                views.append(as_writable(buf))
+        return views, devices
+
+    def _to_devices(
+        self, devices: list[tuple[int, Any, np.ndarray]], infos: Sequence[ReplicaList]
+    ) -> None:
+        for i, dev, host in devices:
+            if i < len(infos):
+                n = infos[i].size_bytes
+                dev[:n].set(host[:n])  # host-to-device from pinned memory
+
+    def _release(self, devices: list[tuple[int, Any, np.ndarray]]) -> None:
+        for _, _, host in devices:
+            self._pinned.give(host)
+
+    def _checked(
+        self, keys: Sequence[str], results: Sequence[ReplicaList | MooncakeError]
+    ) -> list[ReplicaList]:
+        """The replica lists, or the error: ObjectNotFoundError naming every missing key."""
+        missing = [
+            k for k, r in zip(keys, results, strict=True) if isinstance(r, ObjectNotFoundError)
+        ]
+        if missing:
+            shown = ", ".join(repr(k) for k in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            err = ObjectNotFoundError(f"no object under key {shown}{more}")
+            err.keys = missing  # type: ignore[attr-defined]
+            raise err
+        infos: list[ReplicaList] = []
+        for r in results:
+            if isinstance(r, MooncakeError):
+                raise r
+            infos.append(r)
+        return infos
+
+    def _read_all(
+        self,
+        keys: Sequence[str],
+        infos: Sequence[ReplicaList],
+        views: Sequence[memoryview],
+        fingerprint: bytes = b"",
+    ) -> Flow[None]:
+        """Copy each object into its view (zip stops at the shorter `infos` of a prefix)."""
+        for key, info, view in zip(keys, infos, views, strict=False):
+            if len(view) < info.size_bytes:
+                raise BufferTooSmallError(
+                    f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
+                    f"pass a buffer of at least {info.size_bytes} bytes"
+                )
+        remote = [
+            (k, i, v[: i.size_bytes])
+            for k, i, v in zip(keys, infos, views, strict=False)
+            if not self._read_local(i, v[: i.size_bytes])
+        ]
+        if remote:
+            yield from self._read_remote(remote, fingerprint)
+
+    def _read_remote(
+        self, remote: list[tuple[str, ReplicaList, memoryview]], fingerprint: bytes
+    ) -> Flow[None]:
+        """Read each object from its best replica, falling over to the next on any failure.
+        Objects whose read grants expired before the node saw them (a batch that outlived its
+        lease) get fresh replica lists once and are read again."""
+        last = yield from self._read_rounds(remote)
+        expired = [n for n, err in enumerate(last) if isinstance(err, GrantExpiredError)]
+        if expired:
+            keys = [remote[n][0] for n in expired]
+            fresh = yield get_replica_list_call(keys, fingerprint)
+            retry: list[tuple[str, ReplicaList, memoryview]] = []
+            retried: list[int] = []
+            for n, info in zip(expired, fresh, strict=True):
+                key, old, dest = remote[n]
+                if isinstance(info, MooncakeError):
+                    last[n] = info  # removed meanwhile, say
+                elif info.size_bytes != old.size_bytes or info.checksum != old.checksum:
+                    last[n] = ReplicaUnavailableError(f"{key!r} changed while it was read")
+                else:
+                    retry.append((key, info, dest))
+                    retried.append(n)
+            again = yield from self._read_rounds(retry)
+            for n, err in zip(retried, again, strict=True):
+                last[n] = err
+        for (key, _, _), err in zip(remote, last, strict=True):
+            if err is None:
+                continue
+            if isinstance(err, ChecksumMismatchError | ObjectNotFoundError):
+                raise err
+            raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
+
+    def _read_rounds(
+        self, remote: list[tuple[str, ReplicaList, memoryview]]
+    ) -> Flow[list[MooncakeError | None]]:
+        """Each round reads the next candidate replica of every object still unread, in
+        parallel (same-host pools first); returns the last error of each object, or None."""
+        if not remote:
+            return []
+        yield MapPools([loc for _, info, _ in remote for loc in info.replicas])
+        rank = {"GPU": 1, "DRAM": 1, "NVME": 2}
+        queues = [
+            sorted(info.replicas, key=lambda loc: 0 if self._mapped(loc) is not None
+                   else rank.get(loc.tier, 3))
+            for _, info, _ in remote
+        ]  # fmt: skip
+        last: list[MooncakeError | None] = [None] * len(remote)
+        todo = list(range(len(remote)))
+        while todo:
+            transfers: list[tuple[int, ReplicaLocation]] = []
+            for n in todo:
+                key, info, dest = remote[n]
+                while queues[n]:
+                    loc = queues[n].pop(0)
+                    pool = self._mapped(loc)
+                    if pool is None:
+                        transfers.append((n, loc))
+                        break
+                    self.counters["shm_reads"] += 1
+                    digest = copy_checksum(dest, pool[loc.offset : loc.offset + info.size_bytes])
+                    last[n] = self._verified(key, loc, info, digest)
+                    if last[n] is None:
+                        break
+            results: list[MooncakeError | None] = []
+            if transfers:
+                results = yield Transfers(
+                    [Transfer(Op.READ, loc, remote[n][2]) for n, loc in transfers]
+                )
+            for (n, loc), err in zip(transfers, results, strict=True):
+                key, info, dest = remote[n]
+                if err is None:
+                    self.counters["tcp_reads"] += 1
+                    err = self._verified(key, loc, info, checksum(dest))
+                last[n] = err
+            todo = [n for n in todo if last[n] is not None and queues[n]]
+        return last
+
+    def _verified(
+        self, key: str, loc: ReplicaLocation, info: ReplicaList, digest: int
+    ) -> MooncakeError | None:
+        if digest == info.checksum:
+            tier = f"{loc.tier.lower()}_reads"
+            self.counters[tier] = self.counters.get(tier, 0) + 1
+            return None
+        self.counters["checksum_failures"] += 1
+        return ChecksumMismatchError(
+            f"replica of {key!r} on node {loc.node_id} failed its checksum"
+        )
+
+    def _read_local(self, info: ReplicaList, dest: memoryview) -> bool:
+        """Copy from an already-mapped same-host replica; False means: take the full path."""
+        for loc in info.replicas:
+            pool = self._mapped(loc)
+            if pool is not None:
+                if copy_checksum(dest, pool[loc.offset : loc.offset + info.size_bytes]) == (
+                    info.checksum
+                ):
+                    self.counters["shm_reads"] += 1
+                    self.counters["dram_reads"] += 1
+                    return True
+                return False  # the full path retries every replica and reports the failure
+        return False
+
+    def _take_local(self, info: ReplicaList) -> bytes | None:
+        """New bytes copied straight from an already-mapped same-host replica, verified; None
+        means: take the full path."""
+        for loc in info.replicas:
+            pool = self._mapped(loc)
+            if pool is not None:
+                data = bytes(pool[loc.offset : loc.offset + info.size_bytes])
+                if checksum(data) == info.checksum:
+                    self.counters["shm_reads"] += 1
+                    self.counters["dram_reads"] += 1
+                    return data
+                return None
+        return None

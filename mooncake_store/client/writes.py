@@ -1,0 +1,227 @@
+"""The write side of the client's operations, as flows (see `steps`): put and put_many.
+
+A put is two-phase: one BatchPutStart for the whole batch (the master allocates replicas on
+distinct nodes), the bytes go straight to the nodes (shared memory on this host, TCP otherwise),
+then one BatchPutEnd commits them with their xxh3_64 checksums.  A put whose every replica
+failed is revoked, so a half-written object is never visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mooncake_store.client.device import is_device_buffer, to_host
+from mooncake_store.client.master_client import put_end_call, put_revoke_call, put_start_call
+from mooncake_store.client.steps import (
+    Flow,
+    LocalPools,
+    MapPools,
+    Transfer,
+    Transfers,
+    as_readable,
+    checksum,
+    copy_checksum,
+)
+from mooncake_store.client.types import PutPlan, PutResult, PutSpec, ReplicaLocation
+from mooncake_store.common.errors import (
+    DataPathError,
+    InvalidArgumentError,
+    InvalidValueError,
+    MooncakeError,
+)
+from mooncake_store.common.keys import validate_key
+from mooncake_store.common.wire import Op
+
+
+@dataclass(slots=True)
+class _Pending:
+    key: str
+    value: memoryview
+    spec: PutSpec
+    plan: PutPlan | None = None
+    failed: list[int] | None = None
+    error: MooncakeError | None = None
+    checksum: int = 0
+
+    def landed(self) -> bool:
+        """True once at least one replica was written."""
+        return (
+            self.plan is not None
+            and self.failed is not None
+            and len(self.failed) < len(self.plan.replicas)
+        )
+
+
+class WriteFlows(LocalPools):
+    """Write operations of AsyncClient (a mixin: the state is the client's)."""
+
+    replicas: int | None
+    max_value_bytes: int
+    counters: dict[str, int]
+
+    def _put_flow(
+        self,
+        key: str,
+        value: object,
+        *,
+        replicas: int | None = None,
+        fingerprint: bytes = b"",
+        parent: str | None = None,
+        tag: bytes = b"",
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
+    ) -> Flow[PutResult]:
+        results = yield from self._put_many_flow(
+            [(key, value)], replicas=replicas, fingerprint=fingerprint,
+            parents=None if parent is None else [parent], tags=[tag], pin=pin,
+            pin_ttl_s=pin_ttl_s,
+        )  # fmt: skip
+        return results[0]
+
+    def _put_many_flow(
+        self,
+        items: Mapping[str, object] | Iterable[tuple[str, object]],
+        *,
+        replicas: int | None = None,
+        fingerprint: bytes = b"",
+        parents: Sequence[str | None] | None = None,
+        tags: Sequence[bytes] | None = None,
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
+    ) -> Flow[list[PutResult]]:
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        for name, extra in (("parents", parents), ("tags", tags)):
+            if extra is not None and len(extra) != len(pairs):
+                raise InvalidArgumentError(f"{len(pairs)} items but {len(extra)} {name}")
+        wanted = self._replicas(replicas)
+        pending: list[_Pending] = []
+        seen: set[str] = set()
+        for i, (key, value) in enumerate(pairs):
+            validate_key(key)
+            if key in seen:  # a repeated key in one batch names the same content: write it once
+                continue
+            seen.add(key)
+            view = as_readable(to_host(value) if is_device_buffer(value) else value)
+            if len(view) == 0:
+                raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
+            if len(view) > self.max_value_bytes:
+                raise InvalidValueError(
+                    f"value of {key!r} is {len(view)} bytes, over max_value_bytes "
+                    f"({self.max_value_bytes}); split it into blocks"
+                )
+            spec = PutSpec(
+                key, len(view), wanted, bytes(fingerprint),
+                (parents[i] or "") if parents is not None else "",
+                bytes(tags[i]) if tags is not None else b"", pin, pin_ttl_s,
+            )  # fmt: skip
+            pending.append(_Pending(key, view, spec))
+        if not pending:
+            return []
+        plans = yield put_start_call([p.spec for p in pending])
+        for p, plan in zip(pending, plans, strict=True):
+            if isinstance(plan, MooncakeError):
+                p.error = plan
+            else:
+                p.plan = plan
+        to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
+        try:
+            # Replicas in pools already mapped on this host are plain copies: no task each.
+            remote = [p for p in to_write if not self._write_local(p)]
+            if remote:
+                yield from self._write_remote(remote)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Cancelled or broken mid-write: leave nothing pending behind (best effort; the
+            # master also reclaims puts that never end).
+            if to_write:
+                yield put_revoke_call([p.key for p in to_write])
+            raise
+        to_end = [p for p in to_write if p.landed()]
+        to_revoke = [p for p in to_write if not p.landed()]
+        committed: dict[str, int] = {}
+        if to_end:
+            ends = yield put_end_call([(p.key, p.checksum, p.failed or ()) for p in to_end])
+            for p, end in zip(to_end, ends, strict=True):
+                if isinstance(end, MooncakeError):
+                    p.error = end
+                else:
+                    committed[p.key] = end
+        if to_revoke:
+            yield put_revoke_call([p.key for p in to_revoke])
+            for p in to_revoke:
+                p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
+        for p in pending:
+            if p.error is not None:
+                raise p.error
+        first = {p.key: p.plan is not None and p.plan.already_exists for p in pending}
+        results = []
+        for key, _ in pairs:
+            if key in first:
+                results.append(PutResult(key, committed.get(key, 0), first.pop(key)))
+            else:  # a repeat within the batch
+                results.append(PutResult(key, 0, True))
+        return results
+
+    def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
+        """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""
+        yield MapPools([loc for p in pending for loc in p.plan.replicas])  # type: ignore[union-attr]
+        remote: list[tuple[_Pending, ReplicaLocation]] = []
+        for p in pending:
+            assert p.plan is not None
+            p.failed = []
+            hashed = False
+            for loc in p.plan.replicas:
+                pool = self._mapped(loc)
+                if pool is None:
+                    remote.append((p, loc))
+                    continue
+                dest = pool[loc.offset : loc.offset + len(p.value)]
+                if hashed:
+                    dest[:] = p.value
+                else:
+                    p.checksum, hashed = copy_checksum(dest, p.value), True
+                self.counters["shm_writes"] += 1
+            if not hashed:
+                p.checksum = checksum(p.value)
+        if remote:
+            results = yield Transfers([Transfer(Op.WRITE, loc, p.value) for p, loc in remote])
+            for (p, loc), err in zip(remote, results, strict=True):
+                if err is None:
+                    self.counters["tcp_writes"] += 1
+                    continue
+                assert p.failed is not None
+                p.failed.append(loc.segment_id)
+                p.error = p.error or DataPathError(
+                    f"writing {p.key!r} to node {loc.node_id} failed: {err}"
+                )
+        for p in pending:
+            if p.landed():
+                p.error = None  # at least one replica landed: the put succeeds
+
+    def _write_local(self, p: _Pending) -> bool:
+        """Write every replica by plain copies when all are in mapped same-host pools."""
+        assert p.plan is not None
+        pools = [self._mapped(loc) for loc in p.plan.replicas]
+        if any(pool is None for pool in pools):
+            return False
+        n = len(p.value)
+        for i, (loc, pool) in enumerate(zip(p.plan.replicas, pools, strict=True)):
+            assert pool is not None
+            dest = pool[loc.offset : loc.offset + n]
+            if i == 0:
+                p.checksum = copy_checksum(dest, p.value)
+            else:
+                dest[:] = p.value
+            self.counters["shm_writes"] += 1
+        p.failed = []
+        return True
+
+    def _replicas(self, replicas: int | None) -> int:
+        wanted = replicas if replicas is not None else self.replicas
+        if wanted is None:
+            return 0
+        if wanted < 1:
+            raise InvalidArgumentError(f"replicas must be >= 1, got {wanted}")
+        return wanted
