@@ -1,4 +1,6 @@
-"""The master's gRPC service: a thin shell that turns protobuf calls into ObjectTable calls.
+"""The master's service, a thin shell that turns protobuf calls into ObjectTable calls.
+
+The same methods serve gRPC and the framed endpoint (`framed_server.py`).
 
 Protobuf types live only here.  Per-key failures become per-key `Status` values carrying the
 stable codes of `common.errors`; durable mutations (commits, removes, objects lost with a node)
