@@ -24,7 +24,16 @@ from mooncake_store.common.errors import (
     MooncakeError,
     error_for_code,
 )
-from mooncake_store.common.wire import RESPONSE, Op, pack_request
+from mooncake_store.common.grant import GRANT_BYTES
+from mooncake_store.common.wire import (
+    MAX_READV_ENTRIES,
+    RESPONSE,
+    Op,
+    pack_readv,
+    pack_request,
+)
+
+_READV_BYTES = 64 * 1024 * 1024  # per READV reply: the node queues it all at once
 
 _HELLO = struct.Struct("<QQ")
 
@@ -383,76 +392,156 @@ class BlockingNodeConnections:
             raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
 
     def exchange_many(
-        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]], *, readv: bool = True
     ) -> list[MooncakeError | None]:
         """Many transfers, pipelined: every request goes out on its node's socket first, then
         the replies are read in order (a node answers one connection's requests in order).
+        A node's DRAM reads travel as READV requests (one reply carries many extents); a READV
+        the node refuses is retried item by item, so each item gets its own answer.
         The result is one MooncakeError or None per transfer."""
         results: list[MooncakeError | None] = [None] * len(transfers)
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
             by_node.setdefault(loc.endpoint, []).append(i)
+        plans = {e: self._requests(transfers, items, readv) for e, items in by_node.items()}
         sending: dict[str, tuple[socket.socket, int, DataPathError | None]] = {}
-        for endpoint, items in by_node.items():  # every node gets its requests first
+        for endpoint, requests in plans.items():  # every node gets its requests first
             try:
-                sending[endpoint] = self._send_all(endpoint, [transfers[i] for i in items])
+                sending[endpoint] = self._send_all(endpoint, requests)
             except MooncakeError as exc:
-                for i in items:
+                for i in by_node[endpoint]:
                     results[i] = exc
+        one_by_one: list[int] = []
         for endpoint, (sock, sent, failure) in sending.items():
-            items = by_node[endpoint]
-            for i in items[sent:]:  # never fully sent: not done
-                results[i] = failure
+            requests = plans[endpoint]
+            for _, _, items in requests[sent:]:  # never fully sent: not done
+                for i in items:
+                    results[i] = failure
             broken: MooncakeError | None = failure
-            for n, i in enumerate(items[:sent]):
-                loc, op, buffer = transfers[i]
+            for n, (_, _, items) in enumerate(requests[:sent]):
                 try:
-                    results[i] = self._receive(sock, loc, op, buffer)
+                    if len(items) > 1:
+                        refused = self._receive_readv(sock, [transfers[i] for i in items])
+                        if refused is not None:
+                            one_by_one += items
+                        continue
+                    loc, op, buffer = transfers[items[0]]
+                    results[items[0]] = self._receive(sock, loc, op, buffer)
                 except MooncakeError as exc:  # the stream broke: nothing after it is readable
-                    for j in items[n:sent]:
-                        results[j] = exc
+                    for _, _, rest in requests[n:sent]:
+                        for j in rest:
+                            results[j] = exc
                     broken = exc
                     break
-                if results[i] is not None and op is Op.WRITE:
+                if results[items[0]] is not None and op is Op.WRITE:
                     # A refused WRITE makes the node hang up: the rest of this node's transfers
                     # are not done (the caller fails them over or revokes them).
                     broken = DataPathError(f"connection to {endpoint} lost mid-batch")
-                    for j in items[n + 1 : sent]:
-                        results[j] = broken
+                    for _, _, rest in requests[n + 1 : sent]:
+                        for j in rest:
+                            results[j] = broken
                     break
             if broken is not None:
                 self._drop(endpoint)
+        if one_by_one:
+            again = self.exchange_many([transfers[i] for i in one_by_one], readv=False)
+            for i, result in zip(one_by_one, again, strict=True):
+                results[i] = result
         return results
 
+    @staticmethod
+    def _requests(
+        transfers: list[tuple[ReplicaLocation, Op, memoryview]], items: list[int], readv: bool
+    ) -> list[tuple[bytes, memoryview | None, list[int]]]:
+        """A node's requests as (frame, payload, transfers covered): its DRAM reads in READVs
+        of up to MAX_READV_ENTRIES entries and _READV_BYTES bytes, the rest one by one."""
+        out: list[tuple[bytes, memoryview | None, list[int]]] = []
+        group: list[int] = []
+        group_bytes = 0
+
+        def flush() -> None:
+            nonlocal group, group_bytes
+            if len(group) == 1:
+                loc, op, _ = transfers[group[0]]
+                out.append((pack_request(op, loc.grant, loc.offset, loc.size_bytes), None, group))
+            elif group:
+                entries = [(transfers[i][0].grant, transfers[i][0].offset,
+                            transfers[i][0].size_bytes) for i in group]  # fmt: skip
+                out.append((pack_readv(entries), None, group))
+            group, group_bytes = [], 0
+
+        for i in items:
+            loc, op, buffer = transfers[i]
+            if readv and op is Op.READ and loc.tier == "DRAM" and len(loc.grant) == GRANT_BYTES:
+                if len(group) == MAX_READV_ENTRIES or group_bytes + len(buffer) > _READV_BYTES:
+                    flush()
+                group.append(i)
+                group_bytes += len(buffer)
+                continue
+            flush()
+            frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+            out.append((frame, buffer if op is Op.WRITE else None, [i]))
+        flush()
+        return out
+
     def _send_all(
-        self, endpoint: str, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+        self, endpoint: str, requests: list[tuple[bytes, memoryview | None, list[int]]]
     ) -> tuple[socket.socket, int, DataPathError | None]:
-        """Send the requests; (socket, how many were sent in full, the send failure or None)."""
+        """Send the requests; (socket, how many were sent in full, the send failure or None).
+        A failure on the first request of a reused connection (the node dropped it while it
+        was idle) is retried once on a fresh one."""
         reused = endpoint in self._socks
         sock = self._socks.get(endpoint) or self._connect(endpoint)
         sent = 0
         try:
-            for loc, op, buffer in transfers:
-                sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
-                if op is Op.WRITE:
-                    sock.sendall(buffer)
+            for frame, payload, _ in requests:
+                sock.sendall(frame)
+                if payload is not None:
+                    sock.sendall(payload)
                 sent += 1
-        except OSError:
-            if sent == 0 and reused:  # an idle connection the node had dropped: once more
-                self._drop(endpoint)
-                sock = self._connect(endpoint)
-                try:
-                    for loc, op, buffer in transfers:
-                        sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
-                        if op is Op.WRITE:
-                            sock.sendall(buffer)
-                        sent += 1
-                except OSError as again:
-                    exc = again
-                else:
-                    return sock, sent, None
-            return sock, sent, DataPathError(f"sending to store node {endpoint} failed: {exc}")
-        return sock, sent, None
+            return sock, sent, None
+        except OSError as exc:
+            failure = exc
+        if sent == 0 and reused:
+            self._drop(endpoint)
+            sock = self._connect(endpoint)
+            try:
+                for frame, payload, _ in requests:
+                    sock.sendall(frame)
+                    if payload is not None:
+                        sock.sendall(payload)
+                    sent += 1
+                return sock, sent, None
+            except OSError as exc:
+                failure = exc
+        return sock, sent, DataPathError(f"sending to store node {endpoint} failed: {failure}")
+
+    def _receive_readv(
+        self, sock: socket.socket, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+    ) -> MooncakeError | None:
+        """Read a READV reply into the transfers' buffers: None, or the node's refusal (then
+        nothing was sent); raises when the stream broke."""
+        loc = transfers[0][0]
+        try:
+            header = bytearray(RESPONSE.size)
+            _recv_exactly(sock, memoryview(header))
+            status, _, size = RESPONSE.unpack(header)
+            if status != OK:
+                message = bytearray(size)
+                _recv_exactly(sock, memoryview(message))
+                return error_for_code(status, message.decode(errors="replace"))
+            expected = sum(len(buffer) for _, _, buffer in transfers)
+            if size != expected:
+                raise DataPathError(f"node sent {size} bytes, expected {expected}")
+            for _, _, buffer in transfers:
+                _recv_exactly(sock, buffer)
+            return None
+        except TimeoutError:
+            raise DataPathError(
+                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
 
     def _receive(
         self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview

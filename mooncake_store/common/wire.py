@@ -5,9 +5,16 @@ Request:  header (24 bytes) | grant (grant_len bytes) | payload (WRITE: `size_by
 Response: header (16 bytes) | payload (READ: `size_bytes` bytes; error: a UTF-8 message)
     status i32 | reserved u32 | size_bytes u64
 
-`offset` is relative to the node's segment and must lie inside the grant.  A connection carries
-one request at a time; after an error the node answers and, for a WRITE whose payload it did not
-consume, closes the connection.
+`offset` is relative to the node's segment and must lie inside the grant.  A connection answers
+its requests in order (a client may pipeline them); after an error the node answers and, for a
+WRITE whose payload it did not consume, closes the connection.
+
+READV reads many DRAM extents in one request: its header has grant_len 0, offset 0 and
+size_bytes = the number of entries, followed by the entries, each
+    grant_len u16 | offset u64 | size_bytes u64 | grant (grant_len bytes)
+with every grant_len equal (the client sends the master's fixed-size grants).  The reply is one
+response header with size_bytes = the sum of the sizes, then the extents back to back; if any
+entry is refused, the reply is that one error and nothing is sent.
 """
 
 from __future__ import annotations
@@ -24,6 +31,11 @@ class Op(IntEnum):
     READ = 1
     WRITE = 2
     PING = 3
+    READV = 4
+
+
+READV_ENTRY = struct.Struct("<HQQ")
+MAX_READV_ENTRIES = 4096
 
 
 def pack_request(op: Op, grant: bytes, offset: int, size_bytes: int) -> bytes:
@@ -32,3 +44,12 @@ def pack_request(op: Op, grant: bytes, offset: int, size_bytes: int) -> bytes:
 
 def pack_response(status: int, size_bytes: int) -> bytes:
     return RESPONSE.pack(status, 0, size_bytes)
+
+
+def pack_readv(entries: list[tuple[bytes, int, int]]) -> bytes:
+    """A READV request for (grant, offset, size_bytes) entries."""
+    parts = [REQUEST.pack(MAGIC, Op.READV, 0, 0, 0, 0, len(entries))]
+    for grant, offset, size_bytes in entries:
+        parts.append(READV_ENTRY.pack(len(grant), offset, size_bytes))
+        parts.append(grant)
+    return b"".join(parts)

@@ -20,8 +20,15 @@ import time
 from concurrent.futures import Executor
 
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
-from mooncake_store.common.grant import GrantMode, verify_grant
-from mooncake_store.common.wire import MAGIC, REQUEST, Op, pack_response
+from mooncake_store.common.grant import GRANT_BYTES, GrantMode, verify_grant
+from mooncake_store.common.wire import (
+    MAGIC,
+    MAX_READV_ENTRIES,
+    READV_ENTRY,
+    REQUEST,
+    Op,
+    pack_response,
+)
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
 
@@ -124,9 +131,17 @@ class _Connection(asyncio.BufferedProtocol):
             if magic != MAGIC or op not in Op._value2member_map_ or grant_len > _MAX_GRANT_BYTES:
                 raise DataPathError("malformed request header")
             self._op, self._offset, self._size, self._grant_len = Op(op), offset, size, grant_len
+            if self._op is Op.READV:
+                if not 0 < size <= MAX_READV_ENTRIES:
+                    raise DataPathError(f"READV of {size} entries (1-{MAX_READV_ENTRIES})")
+                entry = READV_ENTRY.size + GRANT_BYTES
+                self._expect("readv", memoryview(bytearray(size * entry)))
+                return
             self._expect("grant", memoryview(self._grant)[:grant_len])
         elif self._stage == "grant":
             self._dispatch()
+        elif self._stage == "readv":
+            self._readv(self._target)
         elif self._stage == "payload":
             self.access.writes += 1
             self._reply(OK, b"")
@@ -160,6 +175,28 @@ class _Connection(asyncio.BufferedProtocol):
             segment_id = self.access.check(grant, offset, size, GrantMode.WRITE)
             view = self.access.dram[segment_id]
             self._expect("payload", view[offset : offset + size])
+
+    def _readv(self, entries: memoryview) -> None:
+        """Check every entry's grant, then send all the extents after one header."""
+        views = []
+        pos = 0
+        for _ in range(self._size):
+            grant_len, offset, size = READV_ENTRY.unpack_from(entries, pos)
+            pos += READV_ENTRY.size
+            if grant_len != GRANT_BYTES:
+                raise DataPathError("READV entries carry the master's fixed-size grants")
+            grant = bytes(entries[pos : pos + grant_len])
+            pos += grant_len
+            segment_id = self.access.check(grant, offset, size, GrantMode.READ)
+            view = self.access.dram.get(segment_id)
+            if view is None:
+                raise DataPathError("READV serves DRAM segments only; read this one alone")
+            views.append(view[offset : offset + size])
+        assert self.transport is not None
+        self.transport.write(pack_response(OK, sum(len(v) for v in views)))
+        self.transport.writelines(views)
+        self.access.reads += len(views)
+        self._expect("header", memoryview(self._header))
 
     async def _read_staged(self, tier: NvmeTier | GpuTier, offset: int, size: int) -> None:
         buf = tier.staging.take(size)

@@ -317,3 +317,37 @@ def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
             assert again == [None, None] and bytes(bufs[1]) == value
         finally:
             nodes.close()
+
+
+def test_node_serves_readv_and_refuses_it_whole(tmp_path):
+    """READV: many DRAM extents in one reply; one bad grant refuses the whole request, and the
+    connection goes on serving."""
+    from mooncake_store.common.wire import pack_readv
+
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        values = {f"readv/{i}": os.urandom(5000 + 4096 * i) for i in range(4)}
+        with Client(cluster.master_address) as store:
+            store.put_many(values)
+        locs = [replica_list(cluster.master_address, k).replicas[0] for k in values]
+        host, _, port = locs[0].endpoint.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+
+            def reply() -> tuple[int, bytes]:
+                status, _, length = RESPONSE.unpack(sock.recv(RESPONSE.size, socket.MSG_WAITALL))
+                return status, sock.recv(length, socket.MSG_WAITALL) if length else b""
+
+            entries = [(loc.grant, loc.offset, loc.size_bytes) for loc in locs]
+            sock.sendall(pack_readv(entries))
+            status, body = reply()
+            assert status == 0 and body == b"".join(values.values())
+
+            forged = bytearray(locs[2].grant)
+            forged[-1] ^= 0x01
+            entries[2] = (bytes(forged), locs[2].offset, locs[2].size_bytes)
+            sock.sendall(pack_readv(entries))
+            status, body = reply()
+            assert status == AccessDeniedError.code and b"signature" in body
+
+            sock.sendall(pack_request(Op.READ, locs[0].grant, locs[0].offset, locs[0].size_bytes))
+            status, body = reply()  # the same connection still serves
+            assert status == 0 and body == values["readv/0"]
