@@ -157,14 +157,7 @@ class AsyncClient(ReadFlows, WriteFlows):
                 error = exc
 
     async def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
-        results = await asyncio.gather(
-            *(self._tcp.exchange(t.loc, t.op, t.buffer) for t in transfers),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, MooncakeError):
-                raise result
-        return results  # type: ignore[return-value]
+        return await self._tcp.exchange_many([(t.loc, t.op, t.buffer) for t in transfers])
 
     async def _map_pools(self, replicas: Sequence[ReplicaLocation]) -> None:
         loop = asyncio.get_running_loop()

@@ -117,6 +117,41 @@ class ShmMapper:
         self._node_segment.clear()
 
 
+def plan_node_requests(
+    transfers: list[tuple[ReplicaLocation, Op, memoryview]], items: list[int], readv: bool
+) -> list[tuple[bytes, memoryview | None, list[int]]]:
+    """A node's requests as (frame, payload, transfers covered): its DRAM reads in READVs
+    of up to MAX_READV_ENTRIES entries and _READV_BYTES bytes, the rest one by one."""
+    out: list[tuple[bytes, memoryview | None, list[int]]] = []
+    group: list[int] = []
+    group_bytes = 0
+
+    def flush() -> None:
+        nonlocal group, group_bytes
+        if len(group) == 1:
+            loc, op, _ = transfers[group[0]]
+            out.append((pack_request(op, loc.grant, loc.offset, loc.size_bytes), None, group))
+        elif group:
+            entries = [(transfers[i][0].grant, transfers[i][0].offset,
+                        transfers[i][0].size_bytes) for i in group]  # fmt: skip
+            out.append((pack_readv(entries), None, group))
+        group, group_bytes = [], 0
+
+    for i in items:
+        loc, op, buffer = transfers[i]
+        if readv and op is Op.READ and loc.tier == "DRAM" and len(loc.grant) == GRANT_BYTES:
+            if len(group) == MAX_READV_ENTRIES or group_bytes + len(buffer) > _READV_BYTES:
+                flush()
+            group.append(i)
+            group_bytes += len(buffer)
+            continue
+        flush()
+        frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+        out.append((frame, buffer if op is Op.WRITE else None, [i]))
+    flush()
+    return out
+
+
 class _Connection(asyncio.BufferedProtocol):
     """One request at a time over one TCP connection to a node."""
 
@@ -126,7 +161,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._target = memoryview(self._header)
         self._filled = 0
         self._stage = "idle"
-        self._dest: memoryview | None = None
+        self._dests: list[memoryview] | None = None  # where a READ (or READV) reply lands
+        self._next = 0
         self._status = OK
         self._done: asyncio.Future[bytes] | None = None
         self.broken = False
@@ -159,13 +195,13 @@ class _Connection(asyncio.BufferedProtocol):
             self._status = status
             if status != OK:
                 self._stage, self._target, self._filled = "error", memoryview(bytearray(size)), 0
-            elif self._dest is not None:
-                if size != len(self._dest):
-                    self._finish(
-                        exc=DataPathError(f"node sent {size} bytes, expected {len(self._dest)}")
-                    )
+            elif self._dests is not None:
+                expected = sum(len(d) for d in self._dests)
+                if size != expected:
+                    self._finish(exc=DataPathError(f"node sent {size} bytes, expected {expected}"))
                     return
-                self._stage, self._target, self._filled = "payload", self._dest, 0
+                self._stage, self._target, self._filled = "payload", self._dests[0], 0
+                self._next = 1
             else:
                 self._stage, self._target, self._filled = "payload", memoryview(b""), 0
             if len(self._target) == 0:
@@ -176,11 +212,15 @@ class _Connection(asyncio.BufferedProtocol):
                 exc=error_for_code(self._status, bytes(self._target).decode(errors="replace"))
             )
             return
+        if self._dests is not None and self._next < len(self._dests):
+            self._target, self._filled = self._dests[self._next], 0  # a READV's next extent
+            self._next += 1
+            return
         self._finish()
 
     def _finish(self, exc: BaseException | None = None) -> None:
         self._stage = "idle"
-        self._dest = None
+        self._dests = None
         done, self._done = self._done, None
         if exc is not None:
             self.broken = True  # resynchronising after an error is not worth it: reconnect
@@ -193,7 +233,7 @@ class _Connection(asyncio.BufferedProtocol):
                 done.set_exception(exc)
 
     def request(
-        self, frame: bytes, payload: memoryview | None, dest: memoryview | None
+        self, frame: bytes, payload: memoryview | None, dest: memoryview | list[memoryview] | None
     ) -> asyncio.Future[bytes]:
         if self.transport is None or self.broken or self._stage != "idle":
             # The node closed the connection between it being handed out and used (it died,
@@ -201,7 +241,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.broken = True
             raise DataPathError("connection to store node lost before the request was sent")
         self._done = asyncio.get_running_loop().create_future()
-        self._dest = dest
+        self._dests = [dest] if isinstance(dest, memoryview) else dest
         self._stage, self._target, self._filled = "header", memoryview(self._header), 0
         self.transport.write(frame)
         if payload is not None and len(payload):
@@ -245,19 +285,78 @@ class TcpPool:
             return
         idle.append(conn)
 
+    async def exchange_many(
+        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+    ) -> list[MooncakeError | None]:
+        """Many transfers in parallel; a node's DRAM reads travel as READV requests (planned as
+        the blocking client plans them).  A refused READV is retried item by item."""
+        by_node: dict[str, list[int]] = {}
+        for i, (loc, _, _) in enumerate(transfers):
+            by_node.setdefault(loc.endpoint, []).append(i)
+        calls = []
+        for items in by_node.values():
+            for frame, _, covered in plan_node_requests(transfers, items, True):
+                if len(covered) > 1:
+                    calls.append((covered, self._readv(transfers, covered, frame)))
+                else:
+                    loc, op, buffer = transfers[covered[0]]
+                    calls.append((covered, self.exchange(loc, op, buffer)))
+        outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+        results: list[MooncakeError | None] = [None] * len(transfers)
+        retry: list[int] = []
+        for (covered, _), outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, MooncakeError):
+                raise outcome
+            if isinstance(outcome, MooncakeError):
+                if len(covered) > 1:
+                    retry += covered
+                else:
+                    results[covered[0]] = outcome
+        if retry:
+            again = await asyncio.gather(
+                *(self.exchange(*transfers[i]) for i in retry), return_exceptions=True
+            )
+            for i, outcome in zip(retry, again, strict=True):
+                if isinstance(outcome, BaseException) and not isinstance(outcome, MooncakeError):
+                    raise outcome
+                results[i] = outcome  # type: ignore[assignment]
+        return results
+
+    async def _readv(
+        self,
+        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        items: list[int],
+        frame: bytes,
+    ) -> None:
+        loc = transfers[items[0]][0]
+        dests = [transfers[i][2] for i in items]
+        await self._exchange(loc, Op.READV, None, dests, frame=frame)
+
     async def _exchange(
-        self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
+        self,
+        loc: ReplicaLocation,
+        op: Op,
+        payload: memoryview | None,
+        dest: memoryview | list[memoryview] | None,
+        *,
+        frame: bytes | None = None,
     ) -> None:
         slots = self._slots.get(loc.endpoint)
         if slots is None:
             slots = self._slots[loc.endpoint] = asyncio.Semaphore(self.max_per_node)
         async with slots:
-            await self._exchange_one(loc, op, payload, dest)
+            await self._exchange_one(loc, op, payload, dest, frame)
 
     async def _exchange_one(
-        self, loc: ReplicaLocation, op: Op, payload: memoryview | None, dest: memoryview | None
+        self,
+        loc: ReplicaLocation,
+        op: Op,
+        payload: memoryview | None,
+        dest: memoryview | list[memoryview] | None,
+        frame: bytes | None,
     ) -> None:
-        frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
+        if frame is None:
+            frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
         conn = await self._acquire(loc.endpoint)
         try:
             reply = conn.request(frame, payload, dest)
@@ -403,7 +502,7 @@ class BlockingNodeConnections:
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
             by_node.setdefault(loc.endpoint, []).append(i)
-        plans = {e: self._requests(transfers, items, readv) for e, items in by_node.items()}
+        plans = {e: plan_node_requests(transfers, items, readv) for e, items in by_node.items()}
         sending: dict[str, tuple[socket.socket, int, DataPathError | None]] = {}
         for endpoint, requests in plans.items():  # every node gets its requests first
             try:
@@ -448,41 +547,6 @@ class BlockingNodeConnections:
             for i, result in zip(one_by_one, again, strict=True):
                 results[i] = result
         return results
-
-    @staticmethod
-    def _requests(
-        transfers: list[tuple[ReplicaLocation, Op, memoryview]], items: list[int], readv: bool
-    ) -> list[tuple[bytes, memoryview | None, list[int]]]:
-        """A node's requests as (frame, payload, transfers covered): its DRAM reads in READVs
-        of up to MAX_READV_ENTRIES entries and _READV_BYTES bytes, the rest one by one."""
-        out: list[tuple[bytes, memoryview | None, list[int]]] = []
-        group: list[int] = []
-        group_bytes = 0
-
-        def flush() -> None:
-            nonlocal group, group_bytes
-            if len(group) == 1:
-                loc, op, _ = transfers[group[0]]
-                out.append((pack_request(op, loc.grant, loc.offset, loc.size_bytes), None, group))
-            elif group:
-                entries = [(transfers[i][0].grant, transfers[i][0].offset,
-                            transfers[i][0].size_bytes) for i in group]  # fmt: skip
-                out.append((pack_readv(entries), None, group))
-            group, group_bytes = [], 0
-
-        for i in items:
-            loc, op, buffer = transfers[i]
-            if readv and op is Op.READ and loc.tier == "DRAM" and len(loc.grant) == GRANT_BYTES:
-                if len(group) == MAX_READV_ENTRIES or group_bytes + len(buffer) > _READV_BYTES:
-                    flush()
-                group.append(i)
-                group_bytes += len(buffer)
-                continue
-            flush()
-            frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
-            out.append((frame, buffer if op is Op.WRITE else None, [i]))
-        flush()
-        return out
 
     def _send_all(
         self, endpoint: str, requests: list[tuple[bytes, memoryview | None, list[int]]]

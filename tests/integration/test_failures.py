@@ -17,6 +17,7 @@ import pytest
 
 from mooncake_store import (
     AccessDeniedError,
+    AsyncClient,
     ChecksumMismatchError,
     Client,
     DataPathError,
@@ -251,25 +252,39 @@ def test_unsynced_commits_survive_a_master_kill(tmp_path):
             assert store.get_many(list(values)) == list(values.values())
 
 
-def test_read_whose_grant_expired_asks_the_master_again(tmp_path):
-    """A read reaching the node after its lease ended is refused (GrantExpiredError) and
-    retried once with a fresh replica list, so a slow batch does not fail spuriously."""
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_read_whose_grant_expired_asks_the_master_again(tmp_path, client):
+    """A batch read reaching the node after its lease ended is refused (GrantExpiredError; as
+    one READV, then item by item) and retried once with fresh replica lists, so a slow batch
+    does not fail spuriously."""
     args = [*FAST_MASTER, "--lease-ttl", "200ms"]
     with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
-        value = os.urandom(100_000)
+        values = {f"slow-read/{i}": os.urandom(100_000 + i) for i in range(3)}
         with Client(cluster.master_address, local_shm=False) as store:
-            store.put("slow-read", value)
+            store.put_many(values)
             gets_before = store.stats().counters["gets"]
-            node = cluster.nodes[0]
-            node.signal(signal.SIGSTOP)  # the request will wait in the node's socket
-            got: list[bytes] = []
-            reader = threading.Thread(target=lambda: got.append(store.get("slow-read")))
-            reader.start()
-            time.sleep(0.6)  # three leases long
-            node.signal(signal.SIGCONT)
-            reader.join(timeout=10)
-            assert got == [value]
-            assert store.stats().counters["gets"] == gets_before + 2  # one refresh
+
+        async def read_async() -> list[bytes]:
+            async with AsyncClient(cluster.master_address, local_shm=False) as reader:
+                return await reader.get_many(list(values))
+
+        def read() -> list[bytes]:
+            if client == "async":
+                return asyncio.run(read_async())
+            with Client(cluster.master_address, local_shm=False) as reader:
+                return reader.get_many(list(values))
+
+        node = cluster.nodes[0]
+        node.signal(signal.SIGSTOP)  # the requests will wait in the node's socket
+        got: list[list[bytes]] = []
+        reader = threading.Thread(target=lambda: got.append(read()))
+        reader.start()
+        time.sleep(0.6)  # three leases long
+        node.signal(signal.SIGCONT)
+        reader.join(timeout=10)
+        assert got == [list(values.values())]
+        with Client(cluster.master_address) as store:
+            assert store.stats().counters["gets"] == gets_before + 2 * len(values)  # one refresh
 
 
 def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
