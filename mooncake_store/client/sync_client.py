@@ -1,6 +1,6 @@
 """Client: the synchronous client, sharing its logic with AsyncClient.
 
-Every operation is written once, as a flow of steps (see `async_client.Flow`).  The sync Client
+Every operation is written once, as a flow of steps (see `steps.py`).  The sync Client
 runs a flow in the calling thread: master calls go out on a blocking framed socket that the
 thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
 same-host copies are plain memcpys, and TCP transfers run on blocking node sockets of the thread
@@ -48,7 +48,7 @@ class Client:
         )
         self._thread.start()
         self._closed = False
-        self._local = threading.local()  # each thread's blocking framed channel
+        self._local = threading.local()  # each thread's framed channel and node sockets
         self._channels: list[BlockingFramedChannel] = []
         self._node_sets: list[BlockingNodeConnections] = []
         self._channels_lock = threading.Lock()

@@ -4,9 +4,12 @@
 socket; a put or get is then a single copy between the caller's buffer and the pool.  A node
 whose socket cannot be reached is on another host, and that answer is remembered.
 
-`TcpPool` keeps idle connections per node; each connection is a BufferedProtocol that reads a
-READ reply straight into the destination buffer (no intermediate copies).  Both raise
-DataPathError (or AccessDeniedError, when the node refused the grant) on failure.
+`TcpPool` (the async client's) keeps up to 8 connections per node; each is a BufferedProtocol
+that reads a READ reply straight into the destination buffer (no intermediate copies).
+`BlockingNodeConnections` (the sync client's, one set per thread) does the same with blocking
+sockets and pipelines batches.  Both send a node's DRAM reads of a batch as READV requests
+(`plan_node_requests`).  Failures are DataPathError (AccessDeniedError, GrantExpiredError when
+the node refused the grant).
 """
 
 from __future__ import annotations
