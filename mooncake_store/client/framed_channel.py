@@ -18,8 +18,8 @@ from google.protobuf.message import Message
 from mooncake_store.common.framed import (
     HEADER,
     METHOD_IDS,
+    REPLY_TYPES,
     FrameStatus,
-    message_types,
     split_frames,
 )
 
@@ -72,7 +72,6 @@ class FramedChannel:
         self._buffer = bytearray()
         self._pending: dict[int, tuple[asyncio.Future[Message], type[Message]]] = {}
         self._next_id = 0
-        self._reply_types = {name: message_types(name)[1] for name in METHOD_IDS}
 
     @classmethod
     async def connect(cls, endpoint: FramedEndpoint, *, max_frame_bytes: int) -> FramedChannel:
@@ -107,7 +106,7 @@ class FramedChannel:
         loop = asyncio.get_running_loop()
         call_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         future: asyncio.Future[Message] = loop.create_future()
-        self._pending[call_id] = (future, self._reply_types[name])
+        self._pending[call_id] = (future, REPLY_TYPES[name])
         payload = request.SerializeToString()
         transport.write(HEADER.pack(len(payload), call_id, METHOD_IDS[name]) + payload)
         timer = loop.call_later(timeout_s, self._expire, call_id)

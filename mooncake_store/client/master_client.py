@@ -98,11 +98,6 @@ class MasterClient:
         self.counters.setdefault("framed_calls", 0)
         self.counters.setdefault("grpc_calls", 0)
 
-    @property
-    def transport(self) -> str:
-        """ "framed" or "grpc": what the last call travelled on."""
-        return "framed" if self._framed is not None else "grpc"
-
     async def close(self) -> None:
         if self._framed is not None:
             self._framed.close()

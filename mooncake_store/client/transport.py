@@ -392,12 +392,6 @@ class TcpPool:
         else:
             await self._exchange(loc, op, None, buffer)
 
-    async def write(self, loc: ReplicaLocation, payload: memoryview) -> None:
-        await self._exchange(loc, Op.WRITE, payload, None)
-
-    async def read_into(self, loc: ReplicaLocation, dest: memoryview) -> None:
-        await self._exchange(loc, Op.READ, None, dest)
-
     def close(self) -> None:
         for conns in self._idle.values():
             for conn in conns:
@@ -462,36 +456,20 @@ class BlockingNodeConnections:
     def _exchange(
         self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview
     ) -> None:
-        frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
         try:
-            sock.sendall(frame)
+            sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
         except OSError as exc:
             raise _StaleConnection() from exc
         try:
             if op is Op.WRITE:
                 sock.sendall(buffer)
-            header = bytearray(RESPONSE.size)
-            got = sock.recv_into(header)
-            if got == 0:
-                raise _StaleConnection()
-            _recv_exactly(sock, memoryview(header)[got:])
-            status, _, size = RESPONSE.unpack(header)
-            if status != OK:
-                message = bytearray(size)
-                _recv_exactly(sock, memoryview(message))
-                raise error_for_code(status, message.decode(errors="replace"))
-            if op is Op.READ:
-                if size != len(buffer):
-                    raise DataPathError(f"node sent {size} bytes, expected {len(buffer)}")
-                _recv_exactly(sock, buffer)
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise _StaleConnection() from exc
-        except TimeoutError:
-            raise DataPathError(
-                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
-            ) from None
         except OSError as exc:
-            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
+            raise self._failed(loc, exc) from exc
+        refused = self._receive(sock, loc, [buffer] if op is Op.READ else [], first=True)
+        if refused is not None:
+            raise refused
 
     def exchange_many(
         self, transfers: list[tuple[ReplicaLocation, Op, memoryview]], *, readv: bool = True
@@ -521,21 +499,22 @@ class BlockingNodeConnections:
                     results[i] = failure
             broken: MooncakeError | None = failure
             for n, (_, _, items) in enumerate(requests[:sent]):
+                loc, op, _ = transfers[items[0]]
+                reads = [transfers[i][2] for i in items if transfers[i][1] is Op.READ]
                 try:
-                    if len(items) > 1:
-                        refused = self._receive_readv(sock, [transfers[i] for i in items])
-                        if refused is not None:
-                            one_by_one += items
-                        continue
-                    loc, op, buffer = transfers[items[0]]
-                    results[items[0]] = self._receive(sock, loc, op, buffer)
+                    refused = self._receive(sock, loc, reads)
                 except MooncakeError as exc:  # the stream broke: nothing after it is readable
                     for _, _, rest in requests[n:sent]:
                         for j in rest:
                             results[j] = exc
                     broken = exc
                     break
-                if results[items[0]] is not None and op is Op.WRITE:
+                if len(items) > 1:  # a READV: refused whole, asked again one by one
+                    if refused is not None:
+                        one_by_one += items
+                    continue
+                results[items[0]] = refused
+                if refused is not None and op is Op.WRITE:
                     # A refused WRITE makes the node hang up: the rest of this node's transfers
                     # are not done (the caller fails them over or revokes them).
                     broken = DataPathError(f"connection to {endpoint} lost mid-batch")
@@ -559,80 +538,75 @@ class BlockingNodeConnections:
         was idle) is retried once on a fresh one."""
         reused = endpoint in self._socks
         sock = self._socks.get(endpoint) or self._connect(endpoint)
-        sent = 0
-        try:
-            for frame, payload, _ in requests:
-                sock.sendall(frame)
-                if payload is not None:
-                    sock.sendall(payload)
-                sent += 1
-            return sock, sent, None
-        except OSError as exc:
-            failure = exc
-        if sent == 0 and reused:
+        sent, failure = _send_requests(sock, requests)
+        if failure is not None and sent == 0 and reused:
             self._drop(endpoint)
             sock = self._connect(endpoint)
-            try:
-                for frame, payload, _ in requests:
-                    sock.sendall(frame)
-                    if payload is not None:
-                        sock.sendall(payload)
-                    sent += 1
-                return sock, sent, None
-            except OSError as exc:
-                failure = exc
+            sent, failure = _send_requests(sock, requests)
+        if failure is None:
+            return sock, sent, None
         return sock, sent, DataPathError(f"sending to store node {endpoint} failed: {failure}")
 
-    def _receive_readv(
-        self, sock: socket.socket, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+    def _receive(
+        self,
+        sock: socket.socket,
+        loc: ReplicaLocation,
+        buffers: list[memoryview],
+        *,
+        first: bool = False,
     ) -> MooncakeError | None:
-        """Read a READV reply into the transfers' buffers: None, or the node's refusal (then
-        nothing was sent); raises when the stream broke."""
-        loc = transfers[0][0]
+        """Read one reply (a READ's, a READV's, a WRITE's) into `buffers`: None, or the node's
+        refusal (then no payload came); raises when the stream broke.  With `first` (a lone
+        request on a reused connection), a connection the node had already closed raises
+        _StaleConnection, for one retry on a fresh one."""
         try:
             header = bytearray(RESPONSE.size)
-            _recv_exactly(sock, memoryview(header))
+            got = sock.recv_into(header)
+            if got == 0:
+                if first:
+                    raise _StaleConnection()
+                raise DataPathError("store node closed the connection mid-reply")
+            _recv_exactly(sock, memoryview(header)[got:])
             status, _, size = RESPONSE.unpack(header)
             if status != OK:
                 message = bytearray(size)
                 _recv_exactly(sock, memoryview(message))
                 return error_for_code(status, message.decode(errors="replace"))
-            expected = sum(len(buffer) for _, _, buffer in transfers)
+            expected = sum(len(buffer) for buffer in buffers)
             if size != expected:
                 raise DataPathError(f"node sent {size} bytes, expected {expected}")
-            for _, _, buffer in transfers:
+            for buffer in buffers:
                 _recv_exactly(sock, buffer)
             return None
-        except TimeoutError:
-            raise DataPathError(
-                f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
-            ) from None
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if first:
+                raise _StaleConnection() from exc
+            raise self._failed(loc, exc) from exc
         except OSError as exc:
-            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
+            raise self._failed(loc, exc) from exc
 
-    def _receive(
-        self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview
-    ) -> MooncakeError | None:
-        """Read one reply: the node's refusal, or None; raises when the stream broke."""
-        try:
-            header = bytearray(RESPONSE.size)
-            _recv_exactly(sock, memoryview(header))
-            status, _, size = RESPONSE.unpack(header)
-            if status != OK:
-                message = bytearray(size)
-                _recv_exactly(sock, memoryview(message))
-                return error_for_code(status, message.decode(errors="replace"))
-            if op is Op.READ:
-                if size != len(buffer):
-                    raise DataPathError(f"node sent {size} bytes, expected {len(buffer)}")
-                _recv_exactly(sock, buffer)
-            return None
-        except TimeoutError:
-            raise DataPathError(
+    def _failed(self, loc: ReplicaLocation, exc: OSError) -> DataPathError:
+        if isinstance(exc, TimeoutError):
+            return DataPathError(
                 f"store node {loc.endpoint} did not answer within {self.timeout_s:g}s"
-            ) from None
-        except OSError as exc:
-            raise DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}") from exc
+            )
+        return DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}")
+
+
+def _send_requests(
+    sock: socket.socket, requests: list[tuple[bytes, memoryview | None, list[int]]]
+) -> tuple[int, OSError | None]:
+    """Send (frame, payload) requests in order: how many went out in full, and the failure."""
+    sent = 0
+    try:
+        for frame, payload, _ in requests:
+            sock.sendall(frame)
+            if payload is not None:
+                sock.sendall(payload)
+            sent += 1
+    except OSError as exc:
+        return sent, exc
+    return sent, None
 
 
 class _StaleConnection(Exception):

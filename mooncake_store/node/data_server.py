@@ -64,15 +64,14 @@ class DataAccess:
         """Return the granted segment id, or raise AccessDeniedError."""
         grant = verify_grant(self.secret, grant_blob)
         problem = None
+        refusal: type[AccessDeniedError] = AccessDeniedError
         if grant is None:
             problem = "grant signature is invalid (not issued by this node's master)"
         elif grant.segment_id not in self.dram and self.staged(grant.segment_id) is None:
             problem = f"grant is for segment {grant.segment_id:x}, which this node does not hold"
         elif grant.expires_ms < time.time() * 1000:
-            self.denied += 1
-            raise GrantExpiredError(
-                "grant expired (put timed out or read lease ended); ask the master again"
-            )
+            problem = "grant expired (put timed out or read lease ended); ask the master again"
+            refusal = GrantExpiredError
         elif not grant.covers(offset, size_bytes, mode):
             problem = f"{mode.name} of [{offset}, +{size_bytes}) is outside the granted extent"
         elif offset + size_bytes > self.size_of(grant.segment_id):
@@ -81,7 +80,7 @@ class DataAccess:
             problem = "only the DRAM tier is written by clients"
         if problem is not None:
             self.denied += 1
-            raise AccessDeniedError(problem)
+            raise refusal(problem)
         assert grant is not None
         return grant.segment_id
 

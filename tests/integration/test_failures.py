@@ -138,7 +138,7 @@ def test_tcp_client_maps_node_errors_to_access_denied(cluster3):
     async def read() -> None:
         pool = TcpPool(timeout_s=5)
         try:
-            await pool.read_into(bad, memoryview(bytearray(100)))
+            await pool.exchange(bad, Op.READ, memoryview(bytearray(100)))
         finally:
             pool.close()
 
