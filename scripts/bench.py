@@ -290,7 +290,10 @@ def main() -> None:
                             rec["system"] += "-nosync"
                         records.append(rec)
                     elif system.startswith(("ours-shm-batch", "ours-tcp-batch")):
-                        batch = int(system.rsplit("batch", 1)[1])
+                        suffix = system.rsplit("batch", 1)[1]
+                        if not suffix.isdigit() or int(suffix) < 1:
+                            raise SystemExit(f"{system!r}: write the batch size, e.g. {system}128")
+                        batch = int(suffix)
                         master = cluster.master_address
                         shm = system.startswith("ours-shm")
                         records.append(

@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    for name in ("blocks", "chain", "nodes", "lookups"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
 
     server = MasterServer(MasterConfig(port=0, data_dir="/nonexistent", hot_reads=0))
     table = server.table

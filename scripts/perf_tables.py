@@ -22,6 +22,8 @@ def main() -> None:
     parser.add_argument("json", type=Path)
     parser.add_argument("--threads", default="1")
     args = parser.parse_args()
+    if not args.json.is_file():
+        parser.error(f"{args.json} does not exist: run scripts/bench_compare.py --json {args.json}")
     data = json.loads(args.json.read_text())
     records = data["records"] if isinstance(data, dict) else data
     for threads in (int(t) for t in args.threads.split(",")):

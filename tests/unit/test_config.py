@@ -85,3 +85,15 @@ def test_unknown_setting_and_bad_values(tmp_path):
         MasterConfig(heartbeat_interval_s=5, heartbeat_ttl_s=2)
     with pytest.raises(InvalidArgumentError, match="host:port"):
         NodeConfig(master="localhost")
+
+
+def test_framed_port_and_sync_commits_settings():
+    assert MasterConfig().framed_port == 0 and MasterConfig().sync_commits is True
+    assert MasterConfig(framed_port=-1).framed_port == -1  # gRPC only
+    for bad in (-2, 65536):
+        with pytest.raises(InvalidArgumentError, match="framed_port must be 0-65535"):
+            MasterConfig(framed_port=bad)
+    off = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "false"})
+    assert off.sync_commits is False
+    with pytest.raises(InvalidArgumentError, match="M_SYNC_COMMITS"):
+        load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "sometimes"})
