@@ -43,15 +43,27 @@ def put_start(master: str, key: str, size: int):
     return asyncio.run(call())
 
 
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Read exactly size bytes.  MSG_WAITALL is no help here: a socket with a timeout is
+    non-blocking underneath, and its recv returns whatever has arrived."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"peer closed after {got} of {size} bytes")
+        got += n
+    return bytes(data)
+
+
 def raw_request(
     loc: ReplicaLocation, op: Op, grant: bytes, offset: int, size: int, payload: bytes = b""
 ) -> tuple[int, bytes]:
     host, _, port = loc.endpoint.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(pack_request(op, grant, offset, size) + payload)
-        header = sock.recv(RESPONSE.size, socket.MSG_WAITALL)
-        status, _, length = RESPONSE.unpack(header)
-        body = sock.recv(length, socket.MSG_WAITALL) if length else b""
+        status, _, length = RESPONSE.unpack(recv_exact(sock, RESPONSE.size))
+        body = recv_exact(sock, length)
         return status, body
 
 
@@ -348,8 +360,8 @@ def test_node_serves_readv_and_refuses_it_whole(tmp_path):
         with socket.create_connection((host, int(port)), timeout=5) as sock:
 
             def reply() -> tuple[int, bytes]:
-                status, _, length = RESPONSE.unpack(sock.recv(RESPONSE.size, socket.MSG_WAITALL))
-                return status, sock.recv(length, socket.MSG_WAITALL) if length else b""
+                status, _, length = RESPONSE.unpack(recv_exact(sock, RESPONSE.size))
+                return status, recv_exact(sock, length)
 
             entries = [(loc.grant, loc.offset, loc.size_bytes) for loc in locs]
             sock.sendall(pack_readv(entries))
