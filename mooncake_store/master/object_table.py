@@ -475,6 +475,10 @@ class ObjectTable:
         self._pending.pop(key, None)
         return meta
 
+    def puts_in_flight(self) -> int:
+        """Puts started and not yet sealed (their PutEnd is still to come)."""
+        return len(self._pending)
+
     def commit_put_end(self, key: str) -> int:
         """Make a COMMITTING object visible (after it is durable); return its replica count.
 

@@ -143,7 +143,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 results.append(pb.PutEndResult(status=_status(exc)))
         if sealed:
             try:
-                await self.store.write(puts=sealed)
+                # With no other put in flight there is nobody to group with: commit now.
+                await self.store.write(puts=sealed, alone=not self.table.puts_in_flight())
             except Exception as exc:
                 log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
                 for meta in sealed:

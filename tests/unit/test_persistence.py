@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
 from mooncake_store.master.persistence import MetadataStore, decode_object, encode_object
 
@@ -46,4 +48,31 @@ def test_group_commit_and_reopen(tmp_path):
     loaded = {m.key: m for m in store.load()}
     assert len(loaded) == 498 and "k0" not in loaded
     assert loaded["k7"] == meta("k7")
+    asyncio.run(store.close())
+
+
+def test_lone_commit_is_written_inline_and_keeps_order(tmp_path):
+    """`alone=True` (no other put in flight) writes before write() first yields; with a group
+    queued, it waits its turn, so a delete queued before a put of the same key stays before."""
+
+    async def run() -> int:
+        store = MetadataStore(tmp_path / "db")
+        store.start()
+        coro = store.write(puts=[meta("solo")], alone=True)
+        with pytest.raises(StopIteration):
+            coro.send(None)  # finished without waiting on the writer task
+        assert store.batches_written == 1
+
+        delete = asyncio.ensure_future(store.write(deletes=["solo"]))
+        await asyncio.sleep(0)  # the delete is queued, the writer not yet run
+        assert not delete.done()
+        await store.write(puts=[meta("solo", 1)], alone=True)
+        assert delete.done()  # the queued group went first
+        batches = store.batches_written
+        await store.close()
+        return batches
+
+    assert asyncio.run(run()) == 2  # the inline write, then the delete and the put together
+    store = MetadataStore(tmp_path / "db")
+    assert [m.size_bytes for m in store.load()] == [4096]  # the put, after the delete
     asyncio.run(store.close())
