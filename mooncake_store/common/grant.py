@@ -43,17 +43,35 @@ class Grant:
         )
 
 
+_KEYED: dict[bytes, hashlib.blake2b] = {}  # secret -> BLAKE2b with the key absorbed
+
+
 def _mac(secret: bytes, body: bytes) -> bytes:
-    # Keyed BLAKE2b is a MAC by design (no HMAC construction needed) and costs ~0.6 us here
-    # against ~2.5 us for HMAC-SHA256: the master signs one grant per replica per read.
-    return hashlib.blake2b(body, key=secret[:64], digest_size=_MAC_BYTES).digest()
+    # Keyed BLAKE2b is a MAC by design (no HMAC construction needed): ~0.4 us from a copy of a
+    # state that has absorbed the key (~0.6 us keying it each time), against ~2.5 us for
+    # HMAC-SHA256.  The master signs one grant per replica per read.
+    keyed = _KEYED.get(secret)
+    if keyed is None:
+        keyed = hashlib.blake2b(key=secret[:64], digest_size=_MAC_BYTES)
+        if len(_KEYED) < 4096:  # one per node secret
+            _KEYED[secret] = keyed
+    h = keyed.copy()
+    h.update(body)
+    return h.digest()
 
 
 def sign_grant(secret: bytes, grant: Grant) -> bytes:
     """Serialise and sign `grant` with the node's secret."""
-    body = _BODY.pack(
-        grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, int(grant.mode)
+    return sign(
+        secret, grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, grant.mode
     )
+
+
+def sign(
+    secret: bytes, segment_id: int, offset: int, size_bytes: int, expires_ms: int, mode: int
+) -> bytes:
+    """`sign_grant` from the fields, without building a Grant (the master's read path)."""
+    body = _BODY.pack(segment_id, offset, size_bytes, expires_ms, mode)
     return body + _mac(secret, body)
 
 

@@ -204,7 +204,11 @@ class WeightedPolicy(EvictionPolicy):
         if state is not None:
             state.reads += 1
             clocks = self._clock
-            state.touched = tuple(clocks.get(s, 0.0) for s in state.segments)
+            segments = state.segments
+            if len(segments) == 1:
+                state.touched = (clocks.get(segments[0], 0.0),)
+            else:
+                state.touched = tuple(clocks.get(s, 0.0) for s in segments)
 
     def discard(self, key: str, segment_id: int) -> None:
         state = self._keys.get(key)

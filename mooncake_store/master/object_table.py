@@ -532,7 +532,12 @@ class ObjectTable:
                 f"{meta.fingerprint.hex() or 'none'}, this read presents {fingerprint.hex()}): "
                 "a different model, dtype, layout or TP rank; it is not served"
             )
-        live = [(s, r) for r in meta.replicas if (s := self._segments.get(r.segment_id))]
+        replicas = meta.replicas
+        if len(replicas) == 1:  # almost every block: no comprehension
+            seg = self._segments.get(replicas[0].segment_id)
+            live = [(seg, replicas[0])] if seg is not None else []
+        else:
+            live = [(s, r) for r in replicas if (s := self._segments.get(r.segment_id))]
         if not live:
             raise ReplicaUnavailableError(
                 f"{key!r} is committed but none of its nodes is mounted; retry shortly"
@@ -546,7 +551,10 @@ class ObjectTable:
         meta.window_reads += 1
         if self.config.hot_reads and meta.window_reads >= self.config.hot_reads:
             self.hot_keys.add(key)
-        if all(s.tier.persistent for s, _ in live):
+        for s, _ in live:
+            if not s.info.tier.persistent:
+                break
+        else:  # served only from a persistent tier
             meta.slow_reads += 1
             self.slow_keys.add(key)
         self.policy.access(key)

@@ -3,10 +3,10 @@
 Only committed objects are stored (key `o/<object key>`); pending puts, leases, liveness and
 allocator state are rebuilt at start-up.  A write is durable when `write()` returns: one writer
 task gathers every mutation queued while the previous synced batch was being written and commits
-them as one `WriteBatch` with `sync=True` (one fsync for the whole group).  A PutEnd with no
-other put in flight has nobody to wait for, and is written on the spot (`alone=True`).  rocksdict holds the
+them as one `WriteBatch` with `sync=True` (one fsync for the whole group).  rocksdict holds the
 GIL during the fsync, which is why per-RPC synced puts would cap the master near 3k writes/s
-while grouped ones reach ~250k/s.
+while grouped ones reach ~250k/s.  A PutEnd with no other put in flight has nobody to wait for,
+and is written on the spot (`alone=True`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from mooncake_store.common.errors import (
     MooncakeError,
     SegmentNotFoundError,
 )
-from mooncake_store.common.grant import Grant, GrantMode, sign_grant
+from mooncake_store.common.grant import GrantMode, sign
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
 from mooncake_store.master.persistence import MetadataStore
@@ -57,17 +57,18 @@ def _fill_location(
     expires_s: float,
     mode: GrantMode,
 ) -> None:
-    node = seg.info.node
-    grant = Grant(seg.segment_id, replica.offset, size_bytes, int(expires_s * 1000), mode)
+    info = seg.info
+    node = info.node
+    segment_id, offset = info.segment_id, replica.offset
     out.node_id = node.node_id
-    out.segment_id = seg.segment_id
+    out.segment_id = segment_id
     out.endpoint = node.endpoint
-    if seg.tier is Tier.DRAM:
+    if info.tier is Tier.DRAM:
         out.shm_socket = node.shm_socket
-    out.offset = replica.offset
+    out.offset = offset
     out.size_bytes = size_bytes
-    out.grant = sign_grant(node.secret, grant)
-    out.tier = seg.tier.value
+    out.grant = sign(node.secret, segment_id, offset, size_bytes, int(expires_s * 1000), mode)
+    out.tier = info.tier.value
 
 
 class MasterServicer(pb_grpc.MasterServiceServicer):
