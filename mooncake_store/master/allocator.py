@@ -27,6 +27,7 @@ class ExtentAllocator:
         self.alignment = alignment
         self.capacity_bytes = capacity_bytes - capacity_bytes % alignment
         self.used_bytes = 0
+        self._lengths: dict[int, int] = {}
         self._allocated: dict[int, int] = {}
         self._free_len: dict[int, int] = {}
         self._free_offsets: list[int] = []
@@ -36,8 +37,15 @@ class ExtentAllocator:
 
     def aligned(self, size_bytes: int) -> int:
         """The extent length `size_bytes` occupies (at least one alignment unit)."""
-        a = self.alignment
-        return max(a, (size_bytes + a - 1) // a * a)
+        need = self._lengths.get(size_bytes)
+        if need is None:
+            a = self.alignment
+            need = max(a, (size_bytes + a - 1) // a * a)
+            if len(self._lengths) < 4096:
+                # One int object per block size, shared by every extent of that size (blocks
+                # come in a few sizes; a fresh int per allocation is 32 bytes each).
+                self._lengths[size_bytes] = need
+        return need
 
     @property
     def free_bytes(self) -> int:

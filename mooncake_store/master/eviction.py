@@ -141,6 +141,17 @@ class WeightedPolicy(EvictionPolicy):
         self._heaps: dict[int, list[_Entry]] = {}
         self._clock: dict[int, float] = {}
         self._seq = itertools.count(1)
+        self._tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def _shared(self, segments: tuple[int, ...]) -> tuple[int, ...]:
+        """One tuple object per set of segments, shared by every block placed there (a
+        cluster has a few hundred segments and millions of blocks: 48 bytes a block)."""
+        known = self._tuples.get(segments)
+        if known is not None:
+            return known
+        if len(self._tuples) < 65536:
+            self._tuples[segments] = segments
+        return segments
 
     def _value(self, state: _KeyState) -> float:
         return (1.0 + self.depth_cost * state.depth) * (1 + state.reads + state.readmissions)
@@ -196,7 +207,7 @@ class WeightedPolicy(EvictionPolicy):
             if parent_state is not None:
                 parent_state.add_child(key)
         if segment_id not in state.segments:
-            state.segments = (*state.segments, segment_id)
+            state.segments = self._shared((*state.segments, segment_id))
         self._refresh(key, state)
 
     def access(self, key: str) -> None:
@@ -214,7 +225,7 @@ class WeightedPolicy(EvictionPolicy):
         state = self._keys.get(key)
         if state is None:
             return
-        state.segments = tuple(s for s in state.segments if s != segment_id)
+        state.segments = self._shared(tuple(s for s in state.segments if s != segment_id))
         state.version = next(self._seq)
         if state.segments:
             self._refresh(key, state)

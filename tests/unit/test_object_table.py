@@ -332,3 +332,24 @@ def test_probes_do_not_keep_a_block_alive(clock):
     clock.now += 10  # (after its lease)
     commit(t, "latest")
     assert t.exists("new") and t.get("newest") is None
+
+
+def test_object_meta_keeps_rare_fields_apart_and_compares_them():
+    """Rare fields read their defaults until set; set ones are kept, compared and printed."""
+    plain = ObjectMeta("k", 10, ObjectState.COMPLETE, (Replica(1, 0),), checksum=7)
+    assert (plain.tag, plain.pin_until_s, plain.moving) == (b"", 0.0, False)
+    assert (plain.slow_reads, plain.wanted_replicas, plain.hold_until_s) == (0, 1, 0.0)
+    assert plain.protected_until_s == 0.0
+
+    pinned = ObjectMeta("k", 10, ObjectState.COMPLETE, (Replica(1, 0),), checksum=7)
+    assert pinned == plain
+    pinned.pin_until_s = float("inf")
+    pinned.hold_until_s = 5.0
+    assert pinned != plain and pinned.pin_until_s == float("inf")
+    assert pinned.protected_until_s == 5.0 and pinned.tag == b""
+    assert "pin_until_s=inf" in repr(pinned)
+    pinned.pin_until_s, pinned.hold_until_s = 0.0, 0.0  # back to the defaults: equal again
+    assert pinned == plain
+
+    tagged = ObjectMeta("k", 10, ObjectState.COMPLETE, (), tag=b"t", wanted_replicas=3)
+    assert (tagged.tag, tagged.wanted_replicas, tagged.moving) == (b"t", 3, False)
