@@ -124,11 +124,12 @@ class ObjectMeta:
     most blocks leave at their defaults live in a sidecar object made on demand."""
 
     __slots__ = (
-        "_cold", "access_count", "checksum", "created_s", "fingerprint", "key",
-        "last_access_s", "lease_until_s", "parent_key", "replicas", "size_bytes", "state",
+        "_cold", "_replicas", "access_count", "checksum", "created_s", "fingerprint", "key",
+        "last_access_s", "lease_until_s", "parent_key", "size_bytes", "state",
         "window_reads", "window_start_s",
     )  # fmt: skip
 
+    _replicas: Replica | tuple[Replica, ...]
     tag = _ColdField(b"")
     pin_until_s = _ColdField(0.0)
     moving = _ColdField(False)
@@ -141,7 +142,7 @@ class ObjectMeta:
         key: str,
         size_bytes: int,
         state: ObjectState,
-        replicas: tuple[Replica, ...],  # a tuple: 40 bytes less than a list, per object
+        replicas: tuple[Replica, ...],
         *,
         checksum: int = 0,
         created_s: float = 0.0,
@@ -179,6 +180,16 @@ class ObjectMeta:
         self.slow_reads = slow_reads
         self.wanted_replicas = wanted_replicas
         self.hold_until_s = hold_until_s
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        r = self._replicas
+        return (r,) if type(r) is Replica else r  # type: ignore[return-value]
+
+    @replicas.setter
+    def replicas(self, replicas: tuple[Replica, ...]) -> None:
+        # Almost every block has one replica: keep it without a tuple (48 bytes a block).
+        self._replicas = replicas[0] if len(replicas) == 1 else tuple(replicas)
 
     def _fields(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in _FIELDS)
@@ -258,6 +269,7 @@ class ObjectTable:
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
+        self._sizes: dict[int, int] = {}
         self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
         self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
@@ -445,6 +457,10 @@ class ObjectTable:
             raise InvalidValueError(f"object size must be > 0 bytes, got {size_bytes}")
         if replicas < 0:
             raise InvalidValueError(f"replicas must be >= 1 (or 0 for the default), got {replicas}")
+        # Blocks come in a few sizes: share one int per size (28 bytes a block otherwise, as
+        # each request decodes its own).
+        if len(self._sizes) < 4096:
+            size_bytes = self._sizes.setdefault(size_bytes, size_bytes)
         now = self._clock()
         pin_until = 0.0 if pin_ttl_s is None else (
             math.inf if pin_ttl_s <= 0 or math.isinf(pin_ttl_s) else now + pin_ttl_s
