@@ -64,15 +64,51 @@ def test_fused_copy_checksum_matches_copy_then_hash():
     import numpy as np
     import xxhash
 
-    from mooncake_store.client.steps import _FUSE_CHUNK, copy_checksum
+    from mooncake_store.client.steps import _FUSE_CHUNK, _SPLIT_COPY, copy_checksum
 
     rng = np.random.default_rng(7)
-    for size in (1, 4095, _FUSE_CHUNK - 1, _FUSE_CHUNK, _FUSE_CHUNK + 1, 3 * _FUSE_CHUNK + 17):
+    sizes = (1, 4095, _FUSE_CHUNK - 1, _FUSE_CHUNK, _FUSE_CHUNK + 1, 3 * _FUSE_CHUNK + 17,
+             _SPLIT_COPY, _SPLIT_COPY + 4097, 9 * _FUSE_CHUNK + 1)  # fmt: skip
+    for size in sizes:
         src = rng.integers(0, 256, size, dtype=np.uint8)
         dest = np.zeros(size + 8, dtype=np.uint8)
         digest = copy_checksum(memoryview(dest)[:size], memoryview(src))
         assert digest == xxhash.xxh3_64_intdigest(src.tobytes())
         assert dest[:size].tobytes() == src.tobytes() and not dest[size:].any()
+
+
+def test_split_copies_from_many_threads_stay_right():
+    """Big copies share one helper thread: the caller that finds it busy copies alone, and
+    every copy still lands whole with the right checksum; a failed helper copy raises."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    import pytest
+    import xxhash
+
+    from mooncake_store.client.steps import _HELPER, _SPLIT_COPY, copy_checksum
+
+    rng = np.random.default_rng(11)
+    sources = [rng.integers(0, 256, _SPLIT_COPY + i * 8192, dtype=np.uint8) for i in range(4)]
+
+    def copy(i: int) -> bool:
+        src = sources[i % 4]
+        dest = np.empty_like(src)
+        digest = copy_checksum(memoryview(dest), memoryview(src))
+        return digest == xxhash.xxh3_64_intdigest(src) and np.array_equal(dest, src)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(copy, range(24)))
+
+    splits = _HELPER.splits
+    assert copy(0) and _HELPER.splits == splits + 1  # alone: the helper took the back half
+
+    src = sources[0]
+    short = np.empty(len(src) - 4096, dtype=np.uint8)  # the helper's half cannot fit
+    with pytest.raises(ValueError):
+        copy_checksum(memoryview(short), memoryview(src))
+    assert not _HELPER._busy.locked()
+    assert copy(0) and _HELPER.splits == splits + 3  # free again after the failure
 
 
 def test_host_staging_reuses_buffers_by_size_class():
