@@ -16,13 +16,17 @@ writes JSON records and, with matplotlib installed (`pip install '.[bench]'`), a
 
     python scripts/bench_compare.py [--sizes 64K,1M,4M,16M] [--threads 1,2,4]
         [--systems ours-shm,ours-tcp,mooncake-shm,mooncake-tcp,redis,memcpy,tcp]
-        [--json OUT.json] [--plot OUT.png]
+        [--json OUT.json] [--plot OUT.png] [--runs N]
+
+With --runs N the whole interleaved run is repeated N times and every cell is the median of
+its N measurements (runs on these VMs differ by about 30%).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,6 +130,25 @@ def peers(names: list[str], size: int, threads: list[int], total_mib: int, max_s
     return records
 
 
+def medians(records: list[dict]) -> list[dict]:
+    """One record per (system, size, threads): each measure is the median over the runs, and
+    `put_gbps_runs` / `get_gbps_runs` keep every run's throughput (one run: unchanged)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["system"], r["size_bytes"], r["threads"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        merged = dict(runs[0])
+        for name, value in runs[0].items():
+            if isinstance(value, (int, float)) and name not in ("size_bytes", "threads"):
+                merged[name] = statistics.median(r[name] for r in runs)
+        merged["runs"] = len(runs)
+        merged["put_gbps_runs"] = [r["put_gbps"] for r in runs]
+        merged["get_gbps_runs"] = [r["get_gbps"] for r in runs]
+        out.append(merged)
+    return out
+
+
 def table(records: list[dict]) -> str:
     lines = [f"{'size':>5} {'thr':>3} {'system':<13} {'put GB/s':>9} {'get GB/s':>9} "
              f"{'put p50us':>9} {'get p50us':>9}  ours/peer (put, get)"]  # fmt: skip
@@ -184,7 +207,12 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="cap per phase")
     parser.add_argument("--json", default="bench-results/compare.json")
     parser.add_argument("--plot", default="bench-results/compare.png")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="repeat the interleaved run; report medians"
+    )
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     systems = args.systems.split(",")
@@ -197,22 +225,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mooncake-compare-") as tmp:
         dram = f"{max(2 * total + (64 << 20), max(sizes) * 16) >> 20}MiB"
         with LocalCluster(tmp, nodes=1, dram=dram, master_args=["--lease-ttl", "1s"]) as cluster:
-            for size in sizes:
-                count = max(1, min(args.max_ops, total // size))
-                for t in threads:
-                    for system, shm in (("ours-shm", True), ("ours-tcp", False)):
-                        if system in systems:
-                            records.append(ours(cluster.master_address, size, count,
-                                                args.max_seconds, t, shm))  # fmt: skip
-                if "memcpy" in systems:
-                    records.append(bench.bench_memcpy(size, count, args.max_seconds))
-                if "tcp" in systems:
-                    records.append(bench.bench_tcp(size, count, args.max_seconds))
-                records += peers([s for s in systems if s in PEERS], size, threads,
-                                 args.total_mib, args.max_seconds, tmp)  # fmt: skip
-                print(f"size {size}: done ({time.time() - started:.0f} s)", flush=True)
+            for run in range(args.runs):
+                for size in sizes:
+                    count = max(1, min(args.max_ops, total // size))
+                    for t in threads:
+                        for system, shm in (("ours-shm", True), ("ours-tcp", False)):
+                            if system in systems:
+                                records.append(ours(cluster.master_address, size, count,
+                                                    args.max_seconds, t, shm))  # fmt: skip
+                    if "memcpy" in systems:
+                        records.append(bench.bench_memcpy(size, count, args.max_seconds))
+                    if "tcp" in systems:
+                        records.append(bench.bench_tcp(size, count, args.max_seconds))
+                    records += peers([s for s in systems if s in PEERS], size, threads,
+                                     args.total_mib, args.max_seconds, tmp)  # fmt: skip
+                    print(f"run {run + 1}/{args.runs}, size {size}: done "
+                          f"({time.time() - started:.0f} s)", flush=True)  # fmt: skip
     for r in records:
         r.setdefault("threads", 1)
+    records = medians(records)
     print(table(records))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
