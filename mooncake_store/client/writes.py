@@ -177,12 +177,8 @@ class WriteFlows(LocalPools):
                 if pool is None:
                     remote.append((p, loc))
                     continue
-                dest = pool[loc.offset : loc.offset + len(p.value)]
-                if hashed:
-                    dest[:] = p.value
-                else:
-                    p.checksum, hashed = copy_checksum(dest, p.value), True
-                self.counters["shm_writes"] += 1
+                self._copy_into(p, loc, pool, hash_it=not hashed)
+                hashed = True
             if not hashed:
                 p.checksum = checksum(p.value)
         if remote:
@@ -206,17 +202,22 @@ class WriteFlows(LocalPools):
         pools = [self._mapped(loc) for loc in p.plan.replicas]
         if any(pool is None for pool in pools):
             return False
-        n = len(p.value)
         for i, (loc, pool) in enumerate(zip(p.plan.replicas, pools, strict=True)):
             assert pool is not None
-            dest = pool[loc.offset : loc.offset + n]
-            if i == 0:
-                p.checksum = copy_checksum(dest, p.value)
-            else:
-                dest[:] = p.value
-            self.counters["shm_writes"] += 1
+            self._copy_into(p, loc, pool, hash_it=i == 0)
         p.failed = []
         return True
+
+    def _copy_into(
+        self, p: _Pending, loc: ReplicaLocation, pool: memoryview, *, hash_it: bool
+    ) -> None:
+        """Copy the value into a same-host replica; the first copy also yields the checksum."""
+        dest = pool[loc.offset : loc.offset + len(p.value)]
+        if hash_it:
+            p.checksum = copy_checksum(dest, p.value)
+        else:
+            dest[:] = p.value
+        self.counters["shm_writes"] += 1
 
     def _replicas(self, replicas: int | None) -> int:
         wanted = replicas if replicas is not None else self.replicas
