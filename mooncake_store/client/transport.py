@@ -298,12 +298,13 @@ class TcpPool:
             by_node.setdefault(loc.endpoint, []).append(i)
         calls = []
         for items in by_node.values():
-            for frame, _, covered in plan_node_requests(transfers, items, True):
+            for frame, payload, covered in plan_node_requests(transfers, items, True):
                 if len(covered) > 1:
                     calls.append((covered, self._readv(transfers, covered, frame)))
-                else:
+                else:  # the planned frame as it is, not packed again
                     loc, op, buffer = transfers[covered[0]]
-                    calls.append((covered, self.exchange(loc, op, buffer)))
+                    dest = None if op is Op.WRITE else buffer
+                    calls.append((covered, self._exchange(loc, op, payload, dest, frame=frame)))
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[MooncakeError | None] = [None] * len(transfers)
         retry: list[int] = []
