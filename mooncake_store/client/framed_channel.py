@@ -185,7 +185,8 @@ class BlockingFramedChannel:
     def close(self) -> None:
         self.sock.close()
 
-    def call(self, name: str, request: Message, reply_type: type[Message]) -> Message:
+    def call(self, name: str, request: Message) -> Message:
+        """Send one call and read its reply (the method's reply type, from REPLY_TYPES)."""
         call_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         payload = request.SerializeToString()
         self.sock.sendall(HEADER.pack(len(payload), call_id, METHOD_IDS[name]) + payload)
@@ -216,4 +217,4 @@ class BlockingFramedChannel:
         if status != FrameStatus.OK:
             message = bytes(body).decode("utf-8", "replace")
             raise FramedCallError(f"status {status}: {message}")
-        return reply_type.FromString(body)
+        return REPLY_TYPES[name].FromString(body)

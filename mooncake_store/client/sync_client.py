@@ -24,7 +24,6 @@ from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.transport import BlockingNodeConnections
 from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
 from mooncake_store.common.errors import MooncakeError, RpcError
-from mooncake_store.common.framed import REPLY_TYPES
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
 
@@ -112,7 +111,7 @@ class Client:
         channel = self._channel()
         if channel is not None:
             try:
-                reply = channel.call(call.name, call.request, REPLY_TYPES[call.name])
+                reply = channel.call(call.name, call.request)
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:

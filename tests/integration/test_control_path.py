@@ -16,7 +16,7 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedEndpoint
 from mooncake_store.cluster import LocalCluster
-from mooncake_store.common.framed import HEADER, METHOD_IDS, REPLY_TYPES, FrameStatus
+from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from tests.conftest import FAST_MASTER
 
 
@@ -96,7 +96,6 @@ def test_framed_tcp_endpoint_serves_like_the_unix_one(cluster):
         answer = channel.call(
             "BatchExists",
             pb.KeysRequest(keys=["ctl/tcp-endpoint", "ctl/none"]),
-            REPLY_TYPES["BatchExists"],
         )
         assert list(answer.exists) == [True, False]  # type: ignore[attr-defined]
     finally:
@@ -143,7 +142,7 @@ def test_blocking_channel_refuses_a_reply_to_another_call(cluster):
     try:
         channel.sock.sendall(HEADER.pack(1, 77, METHOD_IDS["Stats"]) + b"\xff")
         with pytest.raises(ConnectionError):  # the reply answers call 77, not ours
-            channel.call("Stats", pb.StatsRequest(), REPLY_TYPES["Stats"])
+            channel.call("Stats", pb.StatsRequest())
     finally:
         channel.close()
 
