@@ -61,20 +61,17 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
         np.copyto(to, frm)
         return xxhash.xxh3_64_intdigest(dest)
     h = xxhash.xxh3_64()
-    split = n
-    back = _HELPER.start(to, frm, n // 2 // _FUSE_CHUNK * _FUSE_CHUNK) if n >= _SPLIT_COPY else None
-    if back is not None:
-        split = back
+    half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
+    split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half) else n
     try:
         for start in range(0, split, _FUSE_CHUNK):
             stop = min(start + _FUSE_CHUNK, split)
             np.copyto(to[start:stop], frm[start:stop])
             h.update(dest[start:stop])
     finally:
-        if back is not None:
+        if split < n:
             _HELPER.wait()
-    if back is not None:
-        h.update(dest[split:])
+    h.update(dest[split:])  # the helper's half, if any (empty otherwise)
     return h.intdigest()
 
 
@@ -91,10 +88,10 @@ class _CopyHelper:
         self._pid = 0  # the thread does not survive a fork: start one per process
         self.splits = 0  # copies it took half of
 
-    def start(self, to: np.ndarray, frm: np.ndarray, split: int) -> int | None:
-        """Hand `frm[split:]` -> `to[split:]` to the helper; `split`, or None when it is busy."""
+    def start(self, to: np.ndarray, frm: np.ndarray, split: int) -> bool:
+        """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
         if not self._busy.acquire(blocking=False):
-            return None
+            return False
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._start, self._done = threading.Semaphore(0), threading.Semaphore(0)
@@ -102,7 +99,7 @@ class _CopyHelper:
         self._job = (to[split:], frm[split:])
         self.splits += 1
         self._start.release()
-        return split
+        return True
 
     def wait(self) -> None:
         """Wait for the back half; raise what the helper's copy raised."""
