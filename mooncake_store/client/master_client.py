@@ -183,21 +183,10 @@ class MasterClient:
     async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
         return await self.run(put_start_call(items))
 
-    async def put_end(
-        self, items: Sequence[tuple[str, int, Sequence[int]]]
-    ) -> list[int | MooncakeError]:
-        return await self.run(put_end_call(items))
-
-    async def put_revoke(self, keys: Sequence[str]) -> list[MooncakeError | None]:
-        return await self.run(put_revoke_call(keys))
-
     async def get_replica_list(
         self, keys: Sequence[str], fingerprint: bytes = b""
     ) -> list[ReplicaList | MooncakeError]:
         return await self.run(get_replica_list_call(keys, fingerprint))
-
-    async def exists(self, keys: Sequence[str]) -> list[bool]:
-        return await self.run(exists_call(keys))
 
     async def stats(self) -> pb.StatsResponse:
         return await self._call("Stats", pb.StatsRequest())  # type: ignore[no-any-return]
