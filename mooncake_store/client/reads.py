@@ -6,13 +6,14 @@ to the next replica on any failure, and once to fresh replica lists when a grant
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from mooncake_store.client.device import HostStaging, PinnedStaging, device_bytes, is_device_buffer
 from mooncake_store.client.master_client import (
+    MasterCall,
     get_prefix_call,
     get_replica_list_call,
     prefix_match_call,
@@ -74,17 +75,7 @@ class ReadFlows(LocalPools):
     def _get_many_into_flow(
         self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
     ) -> Flow[list[int]]:
-        if len(keys) != len(buffers):
-            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
-        keys = [validate_key(k) for k in keys]
-        views, devices = self._targets(buffers)
-        try:
-            results = yield get_replica_list_call(keys, fingerprint)
-            infos = self._checked(keys, results)
-            yield from self._read_all(keys, infos, views, fingerprint)
-            self._to_devices(devices, infos)
-        finally:
-            self._release(devices)
+        infos = yield from self._read_into_flow(keys, buffers, fingerprint, get_replica_list_call)
         return [info.size_bytes for info in infos]
 
     def _prefix_match_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[int]:
@@ -94,18 +85,30 @@ class ReadFlows(LocalPools):
     def _get_prefix_into_flow(
         self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
     ) -> Flow[PrefixRead]:
+        infos = yield from self._read_into_flow(keys, buffers, fingerprint, get_prefix_call)
+        return PrefixRead(len(infos), [i.size_bytes for i in infos], [i.tag for i in infos])
+
+    def _read_into_flow(
+        self,
+        keys: Sequence[str],
+        buffers: Sequence[object],
+        fingerprint: bytes,
+        lookup: Callable[[Sequence[str], bytes], MasterCall[list[ReplicaList | MooncakeError]]],
+    ) -> Flow[list[ReplicaList]]:
+        """Read into caller buffers the objects `lookup` finds: every key (a batch) or the
+        leading ones (a prefix, whose reply stops at the first miss)."""
         if len(keys) != len(buffers):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
         keys = [validate_key(k) for k in keys]
         views, devices = self._targets(buffers)
         try:
-            results = yield get_prefix_call(keys, fingerprint)
+            results = yield lookup(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
             yield from self._read_all(keys, infos, views, fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(devices)
-        return PrefixRead(len(infos), [i.size_bytes for i in infos], [i.tag for i in infos])
+        return infos
 
     def _targets(
         self, buffers: Sequence[object]
