@@ -73,36 +73,37 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         return statuses
 
     def _move(self, task: pb.MoveTask) -> BlockRecord | None:
+        """Copy a block between DRAM and a staged tier (NVMe or GPU), checking its checksum:
+        the DRAM source before it is written out, the DRAM destination after it is read in.
+        A block written to NVMe comes back as the record to index."""
         extent = aligned(task.size_bytes)
-        if task.src_segment in self.dram and task.dst_segment in self.nvme:
-            source = self.dram[task.src_segment][task.src_offset : task.src_offset + extent]
+        src, dst = task.src_segment, task.dst_segment
+        out_to = self.nvme.get(dst) or self.gpu.get(dst)
+        if src in self.dram and out_to is not None:
+            source = self.dram[src][task.src_offset : task.src_offset + extent]
             if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
                 raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
-            self.nvme[task.dst_segment].write(source, task.dst_offset)
-            return BlockRecord(task.key, task.dst_offset, task.size_bytes, task.checksum,
-                             bytes(task.fingerprint), task.parent_key, bytes(task.tag))  # fmt: skip
-        if task.src_segment in self.nvme and task.dst_segment in self.dram:
-            dest = self.dram[task.dst_segment][task.dst_offset : task.dst_offset + extent]
-            self.nvme[task.src_segment].read(dest, task.src_offset)
+            out_to.write(source, task.dst_offset)
+            if dst in self.nvme:  # demoted: the caller indexes it
+                return BlockRecord(
+                    task.key, task.dst_offset, task.size_bytes, task.checksum,
+                    bytes(task.fingerprint), task.parent_key, bytes(task.tag),
+                )  # fmt: skip
+            self.promoted += 1  # up to the GPU
+            return None
+        in_from = self.nvme.get(src) or self.gpu.get(src)
+        if dst in self.dram and in_from is not None:
+            dest = self.dram[dst][task.dst_offset : task.dst_offset + extent]
+            in_from.read(dest, task.src_offset)
             if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
-                raise ChecksumMismatchError(f"NVMe copy of {task.key!r} is corrupt")
-            self.promoted += 1
+                tier = "NVMe" if src in self.nvme else "GPU"
+                raise ChecksumMismatchError(f"{tier} copy of {task.key!r} is corrupt")
+            if src in self.nvme:
+                self.promoted += 1  # up from NVMe
+            else:
+                self.demoted += 1  # down from the GPU
             return None
-        if task.src_segment in self.dram and task.dst_segment in self.gpu:
-            source = self.dram[task.src_segment][task.src_offset : task.src_offset + extent]
-            if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
-                raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
-            self.gpu[task.dst_segment].write(source, task.dst_offset)
-            self.promoted += 1
-            return None
-        if task.src_segment in self.gpu and task.dst_segment in self.dram:
-            dest = self.dram[task.dst_segment][task.dst_offset : task.dst_offset + extent]
-            self.gpu[task.src_segment].read(dest, task.src_offset)
-            if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
-                raise ChecksumMismatchError(f"GPU copy of {task.key!r} is corrupt")
-            self.demoted += 1
-            return None
-        raise DataPathError(f"no move from segment {task.src_segment:x} to {task.dst_segment:x}")
+        raise DataPathError(f"no move from segment {src:x} to {dst:x}")
 
     async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
         loop = asyncio.get_running_loop()
