@@ -18,10 +18,10 @@ A node without an NVMe tier never demotes: its DRAM is freed only by synchronous
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from mooncake_store.master.object_table import ObjectTable, Replica
+from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
 from mooncake_store.master.segments import Segment, Tier
 
 
@@ -105,17 +105,11 @@ class Tiering:
                 continue
             if meta.access_count < wanted:
                 continue
-            for replica in meta.replicas:
-                src = self.table.segment(replica.segment_id)
-                if src is None or src.tier is not Tier.DRAM or src.node_id in self._busy:
-                    continue
-                gpu = self.table.node_segment(src.node_id, Tier.GPU)
-                if gpu is None or gpu.fill >= self.config.gpu_high_watermark:
-                    continue
-                started = self.table.begin_move(key, src, gpu)
-                if started is not None:
-                    tasks.append(self._task(key, src, gpu, *started))
-                break
+            task = self._move_up(
+                key, meta, lambda tier: tier is Tier.DRAM, Tier.GPU, self.config.gpu_high_watermark
+            )
+            if task is not None:
+                tasks.append(task)
         return tasks
 
     def _drop_to(self, seg: Segment, target: float) -> None:
@@ -164,18 +158,34 @@ class Tiering:
             if len(tasks) >= budget or meta.slow_reads < wanted or meta.moving:
                 continue
             self.table.slow_keys.discard(key)
-            for replica in meta.replicas:
-                src = self.table.segment(replica.segment_id)
-                if src is None or not src.tier.persistent or src.node_id in self._busy:
-                    continue
-                dram = self.table.node_segment(src.node_id, Tier.DRAM)
-                if dram is None or dram.fill >= self.config.dram_high_watermark:
-                    continue
-                started = self.table.begin_move(key, src, dram)
-                if started is not None:
-                    tasks.append(self._task(key, src, dram, *started))
-                break
+            task = self._move_up(
+                key, meta, lambda tier: tier.persistent, Tier.DRAM,
+                self.config.dram_high_watermark,
+            )  # fmt: skip
+            if task is not None:
+                tasks.append(task)
         return tasks
+
+    def _move_up(
+        self,
+        key: str,
+        meta: ObjectMeta,
+        from_tier: Callable[[Tier], bool],
+        to: Tier,
+        high_watermark: float,
+    ) -> MoveTask | None:
+        """Start moving `key` from its first replica on a `from_tier` segment of an idle node
+        to that node's `to` segment, if the node has one below `high_watermark`."""
+        for replica in meta.replicas:
+            src = self.table.segment(replica.segment_id)
+            if src is None or not from_tier(src.tier) or src.node_id in self._busy:
+                continue
+            dst = self.table.node_segment(src.node_id, to)
+            if dst is None or dst.fill >= high_watermark:
+                continue
+            started = self.table.begin_move(key, src, dst)
+            return self._task(key, src, dst, *started) if started is not None else None
+        return None
 
     def _task(self, key: str, src: Segment, dst: Segment, source: Replica,
               offset: int) -> MoveTask:  # fmt: skip
