@@ -38,7 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 from mooncake_store import Client  # noqa: E402
 from mooncake_store.cluster import LocalCluster  # noqa: E402
-from mooncake_store.master.eviction import EvictionPolicy, make_policy  # noqa: E402
+from mooncake_store.master.eviction import (  # noqa: E402
+    LOST_PARENT,
+    NO_PARENT,
+    EvictionPolicy,
+    make_policy,
+)
 
 
 def load_trace(path: str, limit: int | None) -> list[list[int]]:
@@ -77,25 +82,33 @@ def simulate_lru(requests: list[list[int]], capacity: int) -> float:
 
 
 def simulate_policy(requests: list[list[int]], capacity: int, policy: EvictionPolicy) -> float:
-    """The master's policy class on a one-segment cache of `capacity` blocks."""
-    cached: set[str] = set()
+    """The master's policy class on a one-segment cache of `capacity` blocks, with slots
+    handed out (and reused) as the object table does."""
+    segment = 1
+    slots: dict[str, int] = {}  # cached key -> slot
+    keys_of: dict[int, str] = {}
+    free: list[int] = []
     hits = total = 0
     for ids in requests:
         keys = [key_of(h) for h in ids]
-        n = next((i for i, k in enumerate(keys) if k not in cached), len(keys))
+        n = next((i for i, k in enumerate(keys) if k not in slots), len(keys))
         for k in keys[:n]:
-            policy.access(k)
+            policy.access(slots[k])
         hits, total = hits + n, total + len(keys)
         for i in range(n, len(keys)):
-            if keys[i] in cached:
+            if keys[i] in slots:
                 continue
-            while len(cached) >= capacity:
-                victim = policy.pick(0, lambda _: True)
+            while len(slots) >= capacity:
+                victim = policy.pick(segment, lambda _: True)
                 assert victim is not None
-                policy.discard(victim, 0)
-                cached.discard(victim)
-            policy.insert(keys[i], 0, parent=keys[i - 1] if i else "")
-            cached.add(keys[i])
+                key = keys_of.pop(victim)
+                policy.discard(victim, segment, key)
+                del slots[key]
+                free.append(victim)
+            slot = free.pop() if free else len(slots)
+            slots[keys[i]], keys_of[slot] = slot, keys[i]
+            parent = slots.get(keys[i - 1], LOST_PARENT) if i else NO_PARENT
+            policy.insert(slot, segment, parent=parent, key=keys[i])
     return hits / max(total, 1)
 
 

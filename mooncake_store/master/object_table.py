@@ -7,7 +7,7 @@ between them:
 - put_start -> PROCESSING (invisible) -> put_end -> COMMITTING (being made durable) ->
   commit_put_end -> COMPLETE (visible).  put_revoke, a failed commit, a put that outlives
   `put_timeout_s` (zombie), or the death of every replica's node, remove a pending put.
-- get_replicas grants a read lease: until it expires, the object's extents are not freed,
+- read / get_replicas grant a read lease: until it expires, the object's extents are not freed,
   evicted or reused, even if the object is removed meanwhile (the free is deferred).
 - New objects go to the fastest volatile tier (DRAM).  When no node has room, the eviction
   policy picks victims synchronously (never leased, pinned or pending objects), so a put fails
@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
@@ -47,7 +50,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.allocator import ExtentAllocator
-from mooncake_store.master.eviction import EvictionPolicy, LruPolicy
+from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
 from mooncake_store.master.placement import choose_segments
 from mooncake_store.master.segments import (
     NodeInfo,
@@ -77,6 +80,13 @@ class _Cold:
     """The fields of ObjectMeta that almost every block leaves at their defaults."""
 
     __slots__ = ("hold_until_s", "moving", "pin_until_s", "slow_reads", "tag", "wanted_replicas")
+
+    hold_until_s: float
+    moving: bool
+    pin_until_s: float
+    slow_reads: int
+    tag: bytes
+    wanted_replicas: int
 
     def __init__(self) -> None:
         for name, default in _COLD_DEFAULTS.items():
@@ -120,8 +130,10 @@ class _ColdField:
 
 
 class ObjectMeta:
-    """One object's metadata.  There is one per block (10M on a big master), so the fields
-    most blocks leave at their defaults live in a sidecar object made on demand."""
+    """One object's metadata as a standalone record: a snapshot of a table entry, a record
+    loaded from RocksDB, or one to restore.  The table itself keeps its objects in columns
+    (see ObjectTable); the fields most records leave at their defaults live in a sidecar
+    object made on demand."""
 
     __slots__ = (
         "_cold", "_replicas", "access_count", "checksum", "created_s", "fingerprint", "key",
@@ -252,7 +264,35 @@ class Dirty:
     deletes: list[str] = field(default_factory=list)
 
 
+class ReadResult(NamedTuple):
+    """What a read needs of an object: its fields the reply carries and its live replicas."""
+
+    size_bytes: int
+    checksum: int
+    lease_until_s: float
+    tag: bytes
+    parent_key: str
+    live: list[tuple[Segment, Replica]]
+
+
+_NO_SEGMENT = 0  # segment ids are never 0 (SegmentInfo refuses it)
+_FREE, _PROCESSING, _COMMITTING, _COMPLETE = 0, 1, 2, 3
+_STATE_OF = (None, ObjectState.PROCESSING, ObjectState.COMMITTING, ObjectState.COMPLETE)
+_MAX_U32 = 0xFFFFFFFF
+
+
 class ObjectTable:
+    """Every object's metadata, in columns.
+
+    A big master holds ~10M blocks, and a Python object costs ~50-150 bytes before its fields
+    (each float or large int is an object of its own, too).  So an object is a slot number
+    (`_slot[key]`), and its fields live in flat arrays indexed by it: ~100 bytes a block
+    instead of ~500.  Fields that almost every block leaves at their defaults (tag, pin, a
+    move in progress, ...) live in a `_Cold` sidecar made on demand, and an object with other
+    than one replica keeps its replicas in `_more`.  Callers outside get `ObjectMeta`
+    snapshots (`get`, `put_end`, `take_dirty`); they never hold a slot.
+    """
+
     def __init__(
         self,
         config: TableConfig,
@@ -264,12 +304,30 @@ class ObjectTable:
         self.policy = policy or LruPolicy()
         self._clock = clock
         self._started_s = clock()
-        self._objects: dict[str, ObjectMeta] = {}
+        # One slot per object; a freed slot is reused.
+        self._slot: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._key: list[str | None] = []
+        self._state = array("B")
+        self._size = array("Q")
+        self._checksum = array("Q")
+        self._created = array("d")
+        self._lease = array("d")
+        self._reads = array("I")  # access_count (saturates)
+        self._last_read = array("d")
+        self._window_start = array("d")  # hot-block detection: reads since then
+        self._window_reads = array("I")
+        self._wanted = array("B")  # replicas the put asked for: re-replication restores it
+        self._segment = array("Q")  # the one replica's segment; _NO_SEGMENT: see _more
+        self._offset = array("Q")
+        self._fingerprint: list[bytes] = []  # interned: a cluster has a handful
+        self._parent: list[str] = []  # the parent's own key string when it is stored
+        self._more: dict[int, tuple[Replica, ...]] = {}  # slot -> replicas, when not one
+        self._cold: dict[int, _Cold] = {}
         self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
-        self._sizes: dict[int, int] = {}
         self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
         self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
@@ -286,6 +344,150 @@ class ObjectTable:
             ),
             0,
         )  # fmt: skip
+
+    # ---- slots ------------------------------------------------------------------------------
+
+    def _new_slot(
+        self,
+        key: str,
+        size_bytes: int,
+        state: int,
+        replicas: tuple[Replica, ...],
+        *,
+        checksum: int = 0,
+        created_s: float = 0.0,
+        fingerprint: bytes = b"",
+        parent_key: str = "",
+        wanted_replicas: int = 1,
+    ) -> int:
+        if self._free_slots:
+            slot = self._free_slots.pop()
+            self._key[slot] = key
+            self._state[slot] = state
+            self._size[slot] = size_bytes
+            self._checksum[slot] = checksum
+            self._created[slot] = created_s
+            self._lease[slot] = 0.0
+            self._reads[slot] = 0
+            self._last_read[slot] = 0.0
+            self._window_start[slot] = 0.0
+            self._window_reads[slot] = 0
+            self._wanted[slot] = min(wanted_replicas, 255)
+            self._fingerprint[slot] = fingerprint
+            self._parent[slot] = parent_key
+        else:
+            slot = len(self._key)
+            self._key.append(key)
+            self._state.append(state)
+            self._size.append(size_bytes)
+            self._checksum.append(checksum)
+            self._created.append(created_s)
+            self._lease.append(0.0)
+            self._reads.append(0)
+            self._last_read.append(0.0)
+            self._window_start.append(0.0)
+            self._window_reads.append(0)
+            self._wanted.append(min(wanted_replicas, 255))
+            self._segment.append(_NO_SEGMENT)
+            self._offset.append(0)
+            self._fingerprint.append(fingerprint)
+            self._parent.append(parent_key)
+        self._slot[key] = slot
+        self._set_replicas(slot, replicas)
+        return slot
+
+    def _release_slot(self, slot: int) -> None:
+        """Forget the object in `slot` (its extents and policy entries are already gone)."""
+        key = self._key[slot]
+        assert key is not None
+        del self._slot[key]
+        self._pending.pop(key, None)
+        self._key[slot] = None
+        self._state[slot] = _FREE
+        self._segment[slot] = _NO_SEGMENT
+        self._fingerprint[slot] = b""
+        self._parent[slot] = ""
+        self._more.pop(slot, None)
+        self._cold.pop(slot, None)
+        self._free_slots.append(slot)
+
+    def _replicas(self, slot: int) -> tuple[Replica, ...]:
+        segment_id = self._segment[slot]
+        if segment_id == _NO_SEGMENT:
+            return self._more.get(slot, ())
+        return (Replica(segment_id, self._offset[slot]),)
+
+    def _set_replicas(self, slot: int, replicas: tuple[Replica, ...]) -> None:
+        if len(replicas) == 1:
+            self._segment[slot] = replicas[0].segment_id
+            self._offset[slot] = replicas[0].offset
+            self._more.pop(slot, None)
+        else:
+            self._segment[slot] = _NO_SEGMENT
+            self._more[slot] = tuple(replicas)
+
+    def _cold_get(self, slot: int, name: str) -> Any:
+        cold = self._cold.get(slot)
+        return _COLD_DEFAULTS[name] if cold is None else getattr(cold, name)
+
+    def _cold_set(self, slot: int, name: str, value: object) -> None:
+        cold = self._cold.get(slot)
+        if cold is None:
+            if value == _COLD_DEFAULTS[name]:
+                return
+            cold = self._cold[slot] = _Cold()
+        setattr(cold, name, value)
+
+    def _protected_until(self, slot: int) -> float:
+        cold = self._cold.get(slot)
+        lease = self._lease[slot]
+        return lease if cold is None else max(lease, cold.hold_until_s)
+
+    def _snapshot(self, slot: int) -> ObjectMeta:
+        key = self._key[slot]
+        assert key is not None
+        meta = ObjectMeta(
+            key, self._size[slot], _STATE_OF[self._state[slot]], self._replicas(slot),  # type: ignore[arg-type]
+            checksum=self._checksum[slot], created_s=self._created[slot],
+            lease_until_s=self._lease[slot], access_count=self._reads[slot],
+            last_access_s=self._last_read[slot], fingerprint=self._fingerprint[slot],
+            parent_key=self._parent[slot], wanted_replicas=self._wanted[slot],
+            window_start_s=self._window_start[slot], window_reads=self._window_reads[slot],
+        )  # fmt: skip
+        cold = self._cold.get(slot)
+        if cold is not None:
+            for name in _COLD_DEFAULTS:
+                if name != "wanted_replicas":
+                    setattr(meta, name, getattr(cold, name))
+        return meta
+
+    def _parent_slot(self, slot: int) -> int:
+        """The slot of this block's prefix parent, for the eviction policy."""
+        parent_key = self._parent[slot]
+        if not parent_key:
+            return NO_PARENT
+        parent = self._slot.get(parent_key)
+        return LOST_PARENT if parent is None else parent
+
+    def _cache(self, slot: int, segment_id: int) -> None:
+        """Tell the eviction policy about a committed replica of `slot` in `segment_id`."""
+        key = self._key[slot]
+        assert key is not None
+        self.policy.insert(slot, segment_id, parent=self._parent_slot(slot), key=key)
+
+    def _slots_in(self, segment_id: int) -> list[int]:
+        """Every slot with a replica in `segment_id` (one pass over the column)."""
+        found: list[int] = []
+        if len(self._segment):
+            column = np.frombuffer(self._segment, dtype=np.uint64)
+            found = np.flatnonzero(column == np.uint64(segment_id)).tolist()
+            del column  # release the buffer: the array may grow again
+        found += [
+            slot
+            for slot, replicas in self._more.items()
+            if any(r.segment_id == segment_id for r in replicas)
+        ]
+        return found
 
     # ---- nodes and segments -----------------------------------------------------------------
 
@@ -326,46 +528,52 @@ class ObjectTable:
     ) -> None:
         reported = {item.offset: item for item in inventory or ()}
         for key in orphan_keys:
-            meta = self._objects.get(key)
-            if meta is None:
+            slot = self._slot.get(key)
+            if slot is None:
                 continue
-            replica = next((r for r in meta.replicas if r.segment_id == seg.segment_id), None)
+            replica = next(
+                (r for r in self._replicas(slot) if r.segment_id == seg.segment_id), None
+            )
             if replica is None:
                 continue
             item = reported.pop(replica.offset, None)
             trusted = inventory is None or (
-                item is not None and item.key == key and item.checksum == meta.checksum
+                item is not None and item.key == key and item.checksum == self._checksum[slot]
             )
-            if trusted and self._reserve(seg, replica.offset, meta.size_bytes):
-                seg.keys.add(key)
-                self.policy.insert(key, seg.segment_id, parent=meta.parent_key)
-            else:
-                self._lose_replica(meta, replica)
+            if trusted and self._reserve(seg, replica.offset, self._size[slot]):
+                seg.objects += 1
+                self._cache(slot, seg.segment_id)
+                continue
+            if item is not None:  # something else lies there: adopt or release it below
+                reported[item.offset] = item
+            self._forget_replica(slot, replica)  # never reserved: nothing to free
         for item in reported.values():  # blocks the master did not know were there
             self._adopt_item(seg, item)
 
     def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
-        meta = self._objects.get(item.key)
-        if meta is not None and (
-            meta.state is not ObjectState.COMPLETE
-            or meta.checksum != item.checksum
-            or meta.size_bytes != item.size_bytes
+        slot = self._slot.get(item.key)
+        if slot is not None and (
+            self._state[slot] != _COMPLETE
+            or self._checksum[slot] != item.checksum
+            or self._size[slot] != item.size_bytes
+            or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
         ):
             self._note_release(seg, item.offset)
             return
         if not self._reserve(seg, item.offset, item.size_bytes):
             return
-        if meta is None:
-            meta = ObjectMeta(
-                item.key, item.size_bytes, ObjectState.COMPLETE, (), checksum=item.checksum,
-                created_s=self._clock(), fingerprint=item.fingerprint,
-                parent_key=item.parent_key, tag=item.tag,
+        if slot is None:
+            parent = self._slot.get(item.parent_key) if item.parent_key else None
+            slot = self._new_slot(
+                item.key, item.size_bytes, _COMPLETE, (), checksum=item.checksum,
+                created_s=self._clock(), fingerprint=self._intern_fingerprint(item.fingerprint),
+                parent_key=item.parent_key if parent is None else self._key[parent],  # type: ignore[arg-type]
             )  # fmt: skip
-            self._objects[item.key] = meta
+            self._cold_set(slot, "tag", item.tag)
             self.counters["objects_adopted"] += 1
-        meta.replicas = (*meta.replicas, Replica(seg.segment_id, item.offset))
-        seg.keys.add(item.key)
-        self.policy.insert(item.key, seg.segment_id, parent=meta.parent_key)
+        self._set_replicas(slot, (*self._replicas(slot), Replica(seg.segment_id, item.offset)))
+        seg.objects += 1
+        self._cache(slot, seg.segment_id)
         self._dirty[item.key] = True
 
     def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
@@ -442,9 +650,9 @@ class ObjectTable:
         validate_key(key)
         if parent_key:
             validate_key(parent_key)
-            parent = self._objects.get(parent_key)
+            parent = self._slot.get(parent_key)
             if parent is not None:
-                parent_key = parent.key  # share the parent's string: ~110 bytes per block
+                parent_key = self._key[parent]  # type: ignore[assignment]  # shared: ~110 B a block
         if len(fingerprint) > MAX_FINGERPRINT_BYTES:
             raise InvalidArgumentError(
                 f"fingerprint is {len(fingerprint)} bytes; the limit is {MAX_FINGERPRINT_BYTES}"
@@ -457,32 +665,29 @@ class ObjectTable:
             raise InvalidValueError(f"object size must be > 0 bytes, got {size_bytes}")
         if replicas < 0:
             raise InvalidValueError(f"replicas must be >= 1 (or 0 for the default), got {replicas}")
-        # Blocks come in a few sizes: share one int per size (28 bytes a block otherwise, as
-        # each request decodes its own).
-        if len(self._sizes) < 4096:
-            size_bytes = self._sizes.setdefault(size_bytes, size_bytes)
         now = self._clock()
         pin_until = 0.0 if pin_ttl_s is None else (
             math.inf if pin_ttl_s <= 0 or math.isinf(pin_ttl_s) else now + pin_ttl_s
         )  # fmt: skip
-        meta = self._objects.get(key)
-        if meta is not None:
-            if meta.state is not ObjectState.COMPLETE:
+        slot = self._slot.get(key)
+        if slot is not None:
+            if self._state[slot] != _COMPLETE:
                 raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
-            if any(r.segment_id in self._segments for r in meta.replicas):
-                if meta.fingerprint != fingerprint:
+            if any(r.segment_id in self._segments for r in self._replicas(slot)):
+                stored = self._fingerprint[slot]
+                if stored != fingerprint:
                     raise IdentityMismatchError(
                         f"{key!r} is already stored under another identity "
-                        f"({meta.fingerprint.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
+                        f"({stored.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
                     )
-                if pin_until > meta.pin_until_s:
-                    meta.pin_until_s = pin_until
+                if pin_until > self._cold_get(slot, "pin_until_s"):
+                    self._cold_set(slot, "pin_until_s", pin_until)
                     self._dirty[key] = True
                 self.counters["puts_deduplicated"] += 1
                 return PutStartOutcome(True, [], 0.0)
             # Restored after a master restart but none of its nodes is back: write it again
             # rather than report a put that nobody could read.
-            self._delete(meta, 0.0)
+            self._delete(slot, 0.0)
         fast = [s for s in self._segments.values() if s.tier is Tier.DRAM]
         if not fast:
             raise NoSpaceError("no store node is mounted: start a mooncake-store node first")
@@ -513,14 +718,15 @@ class ObjectTable:
         for seg in chosen:
             offset = seg.allocator.allocate(size_bytes)
             assert offset is not None, "placement chose a segment without room"
-            seg.keys.add(key)
+            seg.objects += 1
             placements.append((seg, Replica(seg.segment_id, offset)))
-        deadline = now + self.config.put_timeout_s
-        self._objects[key] = ObjectMeta(
-            key, size_bytes, ObjectState.PROCESSING, tuple(r for _, r in placements),
-            created_s=now, fingerprint=fingerprint,
-            parent_key=parent_key, tag=tag, pin_until_s=pin_until, wanted_replicas=wanted,
+        slot = self._new_slot(
+            key, size_bytes, _PROCESSING, tuple(r for _, r in placements), created_s=now,
+            fingerprint=fingerprint, parent_key=parent_key, wanted_replicas=wanted,
         )  # fmt: skip
+        self._cold_set(slot, "tag", tag)
+        self._cold_set(slot, "pin_until_s", pin_until)
+        deadline = now + self.config.put_timeout_s
         self._pending[key] = deadline
         self.counters["puts_started"] += 1
         return PutStartOutcome(False, placements, deadline)
@@ -535,29 +741,42 @@ class ObjectTable:
     def make_room(self, seg: Segment, extent: int) -> bool:
         """Evict victims from `seg` until an extent of `extent` bytes fits."""
         while seg.allocator.largest_free() < extent:
-            victim = self.policy.pick(seg.segment_id, self.evictable)
+            victim = self.policy.pick(seg.segment_id, self._evictable)
             if victim is None:
                 return False
-            self.evict(victim, seg)
+            self._evict(victim, seg)
         return True
 
+    def victim(self, seg: Segment) -> str | None:
+        """The key the eviction policy would evict from `seg` next (nothing is removed)."""
+        slot = self.policy.pick(seg.segment_id, self._evictable)
+        return None if slot is None else self._key[slot]
+
     def evictable(self, key: str) -> bool:
-        meta = self._objects.get(key)
+        slot = self._slot.get(key)
+        return slot is not None and self._evictable(slot)
+
+    def _evictable(self, slot: int) -> bool:
+        if self._state[slot] != _COMPLETE:
+            return False
         now = self._clock()
+        cold = self._cold.get(slot)
+        if cold is None:
+            return self._lease[slot] <= now
         return (
-            meta is not None
-            and meta.state is ObjectState.COMPLETE
-            and not meta.moving
-            and meta.protected_until_s <= now
-            and meta.pin_until_s <= now
+            not cold.moving
+            and max(self._lease[slot], cold.hold_until_s) <= now
+            and cold.pin_until_s <= now
         )
 
     def evict(self, key: str, seg: Segment) -> None:
         """Drop `key`'s replica in `seg` (the object goes when it was the last one)."""
-        meta = self._objects[key]
-        replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
+        self._evict(self._slot[key], seg)
+
+    def _evict(self, slot: int, seg: Segment) -> None:
+        replica = next(r for r in self._replicas(slot) if r.segment_id == seg.segment_id)
         self.counters["evictions"] += 1
-        self._lose_replica(meta, replica)
+        self._lose_replica(slot, replica)
 
     def _intern_fingerprint(self, fingerprint: bytes) -> bytes:
         """One bytes object per engine identity, shared by all its blocks (a cluster has a
@@ -573,30 +792,34 @@ class ObjectTable:
         """Seal a pending put with its checksum, dropping replicas the client failed to write.
 
         The object moves to COMMITTING: still invisible, and no longer reclaimable as a
-        zombie.  The caller persists it, then calls `commit_put_end` (or `put_revoke`).
+        zombie.  The caller persists the returned snapshot, then calls `commit_put_end` (or
+        `put_revoke`).
 
         Raises:
             ObjectNotFoundError: no put of `key` is pending (revoked, timed out, never started).
             ReplicaUnavailableError: no replica survived; the put is revoked.
+            InvalidValueError: the checksum is not a 64-bit unsigned value.
         """
-        meta = self._objects.get(key)
-        if meta is None or meta.state is not ObjectState.PROCESSING:
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != _PROCESSING:
             raise ObjectNotFoundError(
                 f"no put of {key!r} is pending: it was revoked, timed out or never started"
             )
+        if not 0 <= checksum <= 0xFFFFFFFFFFFFFFFF:
+            raise InvalidValueError(f"checksum {checksum} is not a 64-bit unsigned value")
         failed = set(failed_segments)
         if failed:
-            lost = [r for r in meta.replicas if r.segment_id in failed]
-            meta.replicas = tuple(r for r in meta.replicas if r.segment_id not in failed)
-            self._free(key, lost, 0.0)
-        if not meta.replicas:
-            self._delete(meta, 0.0)
+            replicas = self._replicas(slot)
+            self._set_replicas(slot, tuple(r for r in replicas if r.segment_id not in failed))
+            self._free(slot, [r for r in replicas if r.segment_id in failed], 0.0)
+        if not self._replicas(slot):
+            self._delete(slot, 0.0)
             self.counters["puts_revoked"] += 1
             raise ReplicaUnavailableError(f"no replica of {key!r} was written; the put is revoked")
-        meta.checksum = checksum
-        meta.state = ObjectState.COMMITTING
+        self._checksum[slot] = checksum
+        self._state[slot] = _COMMITTING
         self._pending.pop(key, None)
-        return meta
+        return self._snapshot(slot)
 
     def puts_in_flight(self) -> int:
         """Puts started and not yet sealed (their PutEnd is still to come)."""
@@ -608,16 +831,17 @@ class ObjectTable:
         Raises:
             ReplicaUnavailableError: every replica's node died while it was being persisted.
         """
-        meta = self._objects.get(key)
-        if meta is None or meta.state is not ObjectState.COMMITTING:
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != _COMMITTING:
             raise ReplicaUnavailableError(f"every replica of {key!r} was lost while committing")
-        meta.state = ObjectState.COMPLETE
-        for r in meta.replicas:
-            self.policy.insert(key, r.segment_id, parent=meta.parent_key)
-        if len(meta.replicas) < meta.wanted_replicas:  # best effort now, more when nodes allow
+        self._state[slot] = _COMPLETE
+        replicas = self._replicas(slot)
+        for r in replicas:
+            self._cache(slot, r.segment_id)
+        if len(replicas) < self._wanted[slot]:  # best effort now, more when nodes allow
             self.under_replicated.add(key)
         self.counters["puts_committed"] += 1
-        return len(meta.replicas)
+        return len(replicas)
 
     def put_revoke(self, key: str) -> None:
         """Abort a pending put and free its extents.
@@ -626,73 +850,95 @@ class ObjectTable:
             ObjectNotFoundError: nothing pending under `key`.
             ObjectBusyError: the object is already committed (use remove).
         """
-        meta = self._objects.get(key)
-        if meta is None:
+        slot = self._slot.get(key)
+        if slot is None:
             raise ObjectNotFoundError(f"no put of {key!r} is pending")
-        if meta.state is ObjectState.COMPLETE:
+        if self._state[slot] == _COMPLETE:
             raise ObjectBusyError(f"{key!r} is already committed; remove it instead of revoking")
-        self._delete(meta, 0.0)
+        self._delete(slot, 0.0)
         self.counters["puts_revoked"] += 1
 
     # ---- reads ------------------------------------------------------------------------------
 
-    def get_replicas(
-        self, key: str, fingerprint: bytes = b""
-    ) -> tuple[ObjectMeta, list[tuple[Segment, Replica]]]:
-        """Return the object and its readable replicas, granting a read lease on them.
+    def read(self, key: str, fingerprint: bytes = b"") -> ReadResult:
+        """Return what a reader needs of the object, granting a read lease on its replicas.
 
         Raises:
             ObjectNotFoundError: no committed object under `key`.
             IdentityMismatchError: `fingerprint` is given and differs from the stored one.
             ReplicaUnavailableError: the object's nodes are not mounted (yet).
         """
-        meta = self._objects.get(key)
-        if meta is None or meta.state is not ObjectState.COMPLETE:
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != _COMPLETE:
             raise ObjectNotFoundError(f"no object under key {key!r}")
-        if fingerprint and meta.fingerprint != fingerprint:
+        if fingerprint and self._fingerprint[slot] != fingerprint:
+            stored = self._fingerprint[slot].hex() or "none"
             raise IdentityMismatchError(
-                f"{key!r} was stored under another identity (fingerprint "
-                f"{meta.fingerprint.hex() or 'none'}, this read presents {fingerprint.hex()}): "
-                "a different model, dtype, layout or TP rank; it is not served"
+                f"{key!r} was stored under another identity (fingerprint {stored}, this read "
+                f"presents {fingerprint.hex()}): a different model, dtype, layout or TP rank; "
+                "it is not served"
             )
-        replicas = meta.replicas
-        if len(replicas) == 1:  # almost every block: no comprehension
-            seg = self._segments.get(replicas[0].segment_id)
-            live = [(seg, replicas[0])] if seg is not None else []
+        segment_id = self._segment[slot]
+        if segment_id != _NO_SEGMENT:  # almost every block: one replica, no comprehension
+            seg = self._segments.get(segment_id)
+            live = [(seg, Replica(segment_id, self._offset[slot]))] if seg is not None else []
         else:
-            live = [(s, r) for r in replicas if (s := self._segments.get(r.segment_id))]
+            live = [(s, r) for r in self._more[slot] if (s := self._segments.get(r.segment_id))]
         if not live:
             raise ReplicaUnavailableError(
                 f"{key!r} is committed but none of its nodes is mounted; retry shortly"
             )
         now = self._clock()
-        meta.lease_until_s = max(meta.lease_until_s, now + self.config.lease_ttl_s)
-        meta.access_count += 1
-        meta.last_access_s = now
-        if now - meta.window_start_s > self.config.hot_window_s:
-            meta.window_start_s, meta.window_reads = now, 0
-        meta.window_reads += 1
-        if self.config.hot_reads and meta.window_reads >= self.config.hot_reads:
+        lease = now + self.config.lease_ttl_s
+        if lease > self._lease[slot]:
+            self._lease[slot] = lease
+        else:
+            lease = self._lease[slot]
+        reads = self._reads[slot]
+        if reads < _MAX_U32:
+            self._reads[slot] = reads + 1
+        self._last_read[slot] = now
+        window_reads = self._window_reads[slot] + 1
+        if now - self._window_start[slot] > self.config.hot_window_s:
+            self._window_start[slot], window_reads = now, 1
+        self._window_reads[slot] = min(window_reads, _MAX_U32)
+        if self.config.hot_reads and window_reads >= self.config.hot_reads:
             self.hot_keys.add(key)
         for s, _ in live:
             if not s.info.tier.persistent:
                 break
         else:  # served only from a persistent tier
-            meta.slow_reads += 1
+            self._cold_set(slot, "slow_reads", self._cold_get(slot, "slow_reads") + 1)
             self.slow_keys.add(key)
-        self.policy.access(key)
+        self.policy.access(slot)
         self.read_keys.add(key)
         self.counters["gets"] += 1
-        return meta, live
+        cold = self._cold.get(slot)
+        return ReadResult(
+            self._size[slot],
+            self._checksum[slot],
+            lease,
+            b"" if cold is None else cold.tag,
+            self._parent[slot],
+            live,
+        )
+
+    def get_replicas(
+        self, key: str, fingerprint: bytes = b""
+    ) -> tuple[ObjectMeta, list[tuple[Segment, Replica]]]:
+        """`read`, returning a snapshot of the object (after the read) with the replicas."""
+        result = self.read(key, fingerprint)
+        return self._snapshot(self._slot[key]), result.live
 
     def exists(self, key: str) -> bool:
         """True when `key` is committed and readable.  Does not count as an access."""
-        meta = self._objects.get(key)
-        return (
-            meta is not None
-            and meta.state is ObjectState.COMPLETE
-            and any(r.segment_id in self._segments for r in meta.replicas)
-        )
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != _COMPLETE:
+            return False
+        segment_id = self._segment[slot]
+        if segment_id != _NO_SEGMENT:
+            return segment_id in self._segments
+        return any(r.segment_id in self._segments for r in self._more[slot])
 
     def prefix_match(self, keys: Iterable[str], fingerprint: bytes = b"") -> int:
         """How many leading `keys` are readable (and of `fingerprint`, when given).
@@ -703,16 +949,20 @@ class ObjectTable:
         for key in keys:
             if not self.exists(key):
                 break
-            if fingerprint and self._objects[key].fingerprint != fingerprint:
+            if fingerprint and self._fingerprint[self._slot[key]] != fingerprint:
                 break
             matched += 1
         return matched
 
     def get(self, key: str) -> ObjectMeta | None:
-        return self._objects.get(key)
+        """A snapshot of the object under `key` (any state), or None."""
+        slot = self._slot.get(key)
+        return None if slot is None else self._snapshot(slot)
 
-    def objects(self) -> Iterable[ObjectMeta]:
-        return self._objects.values()
+    def objects(self) -> Iterator[ObjectMeta]:
+        """Snapshots of every object (any state)."""
+        for slot in list(self._slot.values()):
+            yield self._snapshot(slot)
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.
@@ -721,12 +971,12 @@ class ObjectTable:
             ObjectNotFoundError: no committed object under `key`.
             ObjectBusyError: a put of `key` is in progress.
         """
-        meta = self._objects.get(key)
-        if meta is None:
+        slot = self._slot.get(key)
+        if slot is None:
             raise ObjectNotFoundError(f"no object under key {key!r}")
-        if meta.state is not ObjectState.COMPLETE:
+        if self._state[slot] != _COMPLETE:
             raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
-        self._delete(meta, meta.protected_until_s)
+        self._delete(slot, self._protected_until(slot))
         self.counters["removes"] += 1
 
     # ---- time -------------------------------------------------------------------------------
@@ -743,7 +993,7 @@ class ObjectTable:
                 self._drop_node(node_id, result)
         for key, deadline in list(self._pending.items()):
             if deadline <= now:
-                self._delete(self._objects[key], 0.0)
+                self._delete(self._slot[key], 0.0)
                 result.reclaimed_puts.append(key)
                 self.counters["puts_reclaimed"] += 1
         while self._deferred and self._deferred[0][0] <= now:
@@ -762,11 +1012,11 @@ class ObjectTable:
         """Objects to (re)write and keys to delete since the last call (drained)."""
         out = Dirty()
         for key, alive in self._dirty.items():
-            meta = self._objects.get(key)
-            if alive and meta is not None and meta.state is ObjectState.COMPLETE:
-                out.puts.append(meta)
-            elif meta is None:
+            slot = self._slot.get(key)
+            if slot is None:
                 out.deletes.append(key)
+            elif alive and self._state[slot] == _COMPLETE:
+                out.puts.append(self._snapshot(slot))
         self._dirty.clear()
         return out
 
@@ -783,14 +1033,15 @@ class ObjectTable:
         Returns (source replica, destination offset), or None when `dst` has no room (or
         already holds a replica of `key`).
         """
-        meta = self._objects[key]
-        if any(r.segment_id == dst.segment_id for r in meta.replicas):
+        slot = self._slot[key]
+        replicas = self._replicas(slot)
+        if any(r.segment_id == dst.segment_id for r in replicas):
             return None
-        source = next((r for r in meta.replicas if r.segment_id == src.segment_id), None)
-        offset = dst.allocator.allocate(meta.size_bytes) if source is not None else None
+        source = next((r for r in replicas if r.segment_id == src.segment_id), None)
+        offset = dst.allocator.allocate(self._size[slot]) if source is not None else None
         if source is None or offset is None:
             return None
-        meta.moving = True
+        self._cold_set(slot, "moving", True)
         return source, offset
 
     def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
@@ -798,110 +1049,144 @@ class ObjectTable:
 
         Returns True when the object now lives at the destination.
         """
-        meta = self._objects.get(key)
+        slot = self._slot.get(key)
         live_dst = self._segments.get(dst.segment_id) is dst
-        valid = meta is not None and meta.moving and any(r is source for r in meta.replicas)
-        if meta is not None:
-            meta.moving = False
+        valid = (
+            slot is not None and self._cold_get(slot, "moving") and source in self._replicas(slot)
+        )
+        if slot is not None:
+            self._cold_set(slot, "moving", False)
         if not (ok and valid and live_dst):
             if live_dst:
                 self._free_extent(dst, offset)
             return False
-        assert meta is not None
-        meta.replicas = tuple(r for r in meta.replicas if r is not source)
-        self._free(key, [source], meta.protected_until_s)  # readers of the source keep it a while
-        meta.replicas = (*meta.replicas, Replica(dst.segment_id, offset))
-        dst.keys.add(key)
-        self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
-        meta.slow_reads = 0
+        assert slot is not None
+        kept = tuple(r for r in self._replicas(slot) if r != source)
+        # The copy joins the policy before the source leaves it, so the block never looks
+        # gone (its children would be orphaned, its history sent to the ghost table).
+        self._set_replicas(slot, (*kept, Replica(dst.segment_id, offset)))
+        dst.objects += 1
+        self._cache(slot, dst.segment_id)
+        self._free(slot, [source], self._protected_until(slot))  # readers keep it a while
+        self._cold_set(slot, "slow_reads", 0)
         self._dirty[key] = True
         return True
 
     def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
         """Add the copy as a new replica (ok) or give its extent back; True when added."""
-        meta = self._objects.get(key)
+        slot = self._slot.get(key)
         live_dst = self._segments.get(dst.segment_id) is dst
-        valid = meta is not None and meta.moving and meta.state is ObjectState.COMPLETE
-        if meta is not None:
-            meta.moving = False
-            meta.hold_until_s = 0.0
-        on_node = meta is not None and any(
+        valid = (
+            slot is not None and self._cold_get(slot, "moving") and self._state[slot] == _COMPLETE
+        )
+        if slot is not None:
+            self._cold_set(slot, "moving", False)
+            self._cold_set(slot, "hold_until_s", 0.0)
+        on_node = slot is not None and any(
             (s := self._segments.get(r.segment_id)) is not None and s.node_id == dst.node_id
-            for r in meta.replicas
+            for r in self._replicas(slot)
         )
         if not (ok and valid and live_dst) or on_node:
             if live_dst:
                 self._free_extent(dst, offset)
             return False
-        assert meta is not None
-        meta.replicas = (*meta.replicas, Replica(dst.segment_id, offset))
-        dst.keys.add(key)
-        self.policy.insert(key, dst.segment_id, parent=meta.parent_key)
+        assert slot is not None
+        self._set_replicas(slot, (*self._replicas(slot), Replica(dst.segment_id, offset)))
+        dst.objects += 1
+        self._cache(slot, dst.segment_id)
         self._dirty[key] = True
         return True
 
     def drop_replica(self, key: str, seg: Segment) -> None:
         """Remove one replica of a committed object that keeps at least one other."""
-        meta = self._objects[key]
-        if len(meta.replicas) < 2:
+        slot = self._slot[key]
+        replicas = self._replicas(slot)
+        if len(replicas) < 2:
             raise ValueError(f"{key!r} has a single replica; remove the object instead")
-        replica = next(r for r in meta.replicas if r.segment_id == seg.segment_id)
-        meta.replicas = tuple(r for r in meta.replicas if r is not replica)
-        self._free(key, [replica], meta.protected_until_s)
+        replica = next(r for r in replicas if r.segment_id == seg.segment_id)
+        self._set_replicas(slot, tuple(r for r in replicas if r != replica))
+        self._free(slot, [replica], self._protected_until(slot))
         self._dirty[key] = True
 
     def hold(self, key: str, until_s: float) -> None:
         """Protect `key`'s extents for a node-to-node copy (released by finish_copy)."""
-        meta = self._objects.get(key)
-        if meta is not None:
-            meta.hold_until_s = max(meta.hold_until_s, until_s)
+        slot = self._slot.get(key)
+        if slot is not None:
+            self._cold_set(slot, "hold_until_s", max(self._cold_get(slot, "hold_until_s"), until_s))
 
     # ---- restore and stats ------------------------------------------------------------------
 
     def restore(self, metas: Iterable[ObjectMeta]) -> int:
         """Load committed objects after a master restart; their segments must mount again."""
         count = 0
+        restored: list[int] = []
         for meta in metas:
-            meta.state = ObjectState.COMPLETE
-            self._objects[meta.key] = meta
+            old = self._slot.get(meta.key)
+            if old is not None:
+                self._release_slot(old)
+            slot = self._new_slot(
+                meta.key, meta.size_bytes, _COMPLETE, meta.replicas, checksum=meta.checksum,
+                created_s=meta.created_s, fingerprint=self._intern_fingerprint(meta.fingerprint),
+                parent_key=meta.parent_key, wanted_replicas=meta.wanted_replicas,
+            )  # fmt: skip
+            self._cold_set(slot, "tag", meta.tag)
+            self._cold_set(slot, "pin_until_s", meta.pin_until_s)
             for replica in meta.replicas:
                 self._orphans.setdefault(replica.segment_id, set()).add(meta.key)
             if len(meta.replicas) < meta.wanted_replicas:
                 self.under_replicated.add(meta.key)
+            if meta.parent_key:
+                restored.append(slot)
             count += 1
+        for slot in restored:  # share the parent's key string, as put_start does
+            parent = self._slot.get(self._parent[slot])
+            if parent is not None:
+                self._parent[slot] = self._key[parent]  # type: ignore[assignment]
         return count
 
+    def _states(self) -> np.ndarray:
+        return np.frombuffer(self._state, dtype=np.uint8) if len(self._state) else np.zeros(0)
+
     def object_count(self) -> int:
-        return sum(1 for m in self._objects.values() if m.state is ObjectState.COMPLETE)
+        return int(np.count_nonzero(self._states() == _COMPLETE))
 
     def pending_count(self) -> int:
-        return len(self._objects) - self.object_count()
+        return len(self._slot) - self.object_count()
 
     def bytes_stored(self) -> int:
-        return sum(m.size_bytes for m in self._objects.values() if m.state is ObjectState.COMPLETE)
+        if not len(self._size):
+            return 0
+        sizes = np.frombuffer(self._size, dtype=np.uint64)
+        return int(sizes[self._states() == _COMPLETE].sum())
 
     def validate(self) -> None:
         """Check cross-structure invariants (used by tests)."""
-        for key, meta in self._objects.items():
-            assert meta.key == key
-            assert meta.replicas, f"{key!r} has no replicas"
-            assert (key in self._pending) == (meta.state is ObjectState.PROCESSING)
-            assert len({r.segment_id for r in meta.replicas}) == len(meta.replicas)
-            for r in meta.replicas:
+        per_segment: dict[int, int] = {}
+        for key, slot in self._slot.items():
+            assert self._key[slot] == key
+            replicas = self._replicas(slot)
+            assert replicas, f"{key!r} has no replicas"
+            assert (key in self._pending) == (self._state[slot] == _PROCESSING)
+            assert len({r.segment_id for r in replicas}) == len(replicas)
+            assert (slot in self._more) == (len(replicas) != 1)
+            for r in replicas:
                 seg = self._segments.get(r.segment_id)
                 if seg is None:
                     assert key in self._orphans.get(r.segment_id, ()), f"{key!r}: lost replica"
                 else:
-                    assert key in seg.keys, f"{key!r} missing from segment keys"
+                    per_segment[r.segment_id] = per_segment.get(r.segment_id, 0) + 1
                     assert seg.allocator._allocated.get(r.offset) == seg.allocator.aligned(
-                        meta.size_bytes
+                        self._size[slot]
                     )
+        assert sorted(self._free_slots) == [s for s, key in enumerate(self._key) if key is None], (
+            "free slots out of step with the key column"
+        )
+        for slot in self._free_slots:
+            assert self._state[slot] == _FREE and slot not in self._more
         for seg in self._segments.values():
             seg.allocator.validate()
             assert self._nodes[seg.node_id].info == seg.info.node
-            for key in seg.keys:
-                meta = self._objects[key]
-                assert any(r.segment_id == seg.segment_id for r in meta.replicas)
+            assert seg.objects == per_segment.get(seg.segment_id, 0), "segment object count"
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -915,7 +1200,10 @@ class ObjectTable:
         seg.allocator.free(offset)
         self._note_release(seg, offset)
 
-    def _free(self, key: str, replicas: Iterable[Replica], free_at_s: float) -> None:
+    def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None:
+        """Free replicas already taken out of the object in `slot`."""
+        key = self._key[slot]
+        assert key is not None
         now = self._clock()
         for r in replicas:
             seg = self._segments.get(r.segment_id)
@@ -924,32 +1212,47 @@ class ObjectTable:
                 if orphan_keys is not None:
                     orphan_keys.discard(key)
                 continue
-            if key in seg.keys:
-                seg.keys.discard(key)
-                self.policy.discard(key, r.segment_id)
+            seg.objects -= 1
+            self.policy.discard(slot, r.segment_id, key)
             if free_at_s > now:
                 heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset))
             else:
                 self._free_extent(seg, r.offset)
 
-    def _lose_replica(self, meta: ObjectMeta, replica: Replica) -> None:
+    def _lose_replica(self, slot: int, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
-        meta.replicas = tuple(r for r in meta.replicas if r is not replica)
-        self._free(meta.key, [replica], meta.protected_until_s)
+        key = self._key[slot]
+        assert key is not None
+        replicas = tuple(r for r in self._replicas(slot) if r != replica)
+        self._set_replicas(slot, replicas)
+        self._free(slot, [replica], self._protected_until(slot))
         self.counters["replicas_dropped"] += 1
-        if meta.replicas:
-            self._dirty[meta.key] = True
+        if replicas:
+            self._dirty[key] = True
         else:
-            del self._objects[meta.key]
-            self._pending.pop(meta.key, None)
-            self._dirty[meta.key] = False
+            self._release_slot(slot)
+            self._dirty[key] = False
 
-    def _delete(self, meta: ObjectMeta, free_at_s: float) -> None:
-        self._free(meta.key, meta.replicas, free_at_s)
-        meta.replicas = ()
-        del self._objects[meta.key]
-        self._pending.pop(meta.key, None)
-        self._dirty.pop(meta.key, None)
+    def _forget_replica(self, slot: int, replica: Replica) -> None:
+        """Drop a restored replica its segment does not vouch for (it was never reserved)."""
+        key = self._key[slot]
+        assert key is not None
+        replicas = tuple(r for r in self._replicas(slot) if r != replica)
+        self._set_replicas(slot, replicas)
+        self.counters["replicas_dropped"] += 1
+        if replicas:
+            self._dirty[key] = True
+            if len(replicas) < self._wanted[slot]:
+                self.under_replicated.add(key)
+            return
+        self._release_slot(slot)
+        self._dirty[key] = False
+
+    def _delete(self, slot: int, free_at_s: float) -> None:
+        key = self._key[slot]
+        self._free(slot, self._replicas(slot), free_at_s)
+        self._release_slot(slot)
+        self._dirty.pop(key, None)  # type: ignore[arg-type]
 
     def _drop_node(self, node_id: str, result: TickResult) -> None:
         state = self._nodes.pop(node_id, None)
@@ -962,23 +1265,25 @@ class ObjectTable:
             state = self._nodes.get(seg.node_id)
             if state is not None and segment_id in state.segment_ids:
                 state.segment_ids.remove(segment_id)
-        keys = seg.keys if seg is not None else self._orphans.pop(segment_id, set())
-        for key in keys:
-            self.policy.discard(key, segment_id)
-            meta = self._objects.get(key)
-            if meta is None:
-                continue
-            meta.replicas = tuple(r for r in meta.replicas if r.segment_id != segment_id)
+            slots = self._slots_in(segment_id)
+        else:
+            orphan_keys = self._orphans.pop(segment_id, set())
+            slots = [s for key in orphan_keys if (s := self._slot.get(key)) is not None]
+        for slot in slots:
+            key = self._key[slot]
+            assert key is not None
+            self.policy.discard(slot, segment_id, key)
+            replicas = tuple(r for r in self._replicas(slot) if r.segment_id != segment_id)
+            self._set_replicas(slot, replicas)
             self.counters["replicas_dropped"] += 1
-            if meta.replicas:
-                if meta.state is ObjectState.COMPLETE:
+            if replicas:
+                if self._state[slot] == _COMPLETE:
                     self._dirty[key] = True
-                    if len(meta.replicas) < meta.wanted_replicas:
+                    if len(replicas) < self._wanted[slot]:
                         self.under_replicated.add(key)
                 continue
-            committed = meta.state is not ObjectState.PROCESSING
-            del self._objects[key]
-            self._pending.pop(key, None)
+            committed = self._state[slot] != _PROCESSING
+            self._release_slot(slot)
             if committed:
                 self._dirty.pop(key, None)
                 result.deleted_keys.append(key)

@@ -35,20 +35,24 @@ class NodeInfo:
 @dataclass(frozen=True, slots=True)
 class SegmentInfo:
     node: NodeInfo
-    segment_id: int
+    segment_id: int  # 1 .. 2**64 - 1 (0 is "unset" on the wire)
     tier: Tier
     size_bytes: int
 
+    def __post_init__(self) -> None:
+        if not 0 < self.segment_id < 1 << 64:
+            raise ValueError(f"segment_id must be in 1..2**64-1, got {self.segment_id}")
+
 
 class Segment:
-    """A mounted segment: its info, allocator and the keys with a replica in it."""
+    """A mounted segment: its info, allocator and how many objects have a replica in it."""
 
-    __slots__ = ("allocator", "info", "keys")
+    __slots__ = ("allocator", "info", "objects")
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator) -> None:
         self.info = info
         self.allocator = allocator
-        self.keys: set[str] = set()
+        self.objects = 0
 
     @property
     def node_id(self) -> str:

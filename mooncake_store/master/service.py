@@ -194,20 +194,21 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.ReplicaListResult:
         """Fill `out` (built in place: a message added to a reply is not copied again)."""
         try:
-            meta, live = self.table.get_replicas(key, fingerprint)
+            found = self.table.read(key, fingerprint)
         except MooncakeError as exc:
             out.status.code, out.status.message = exc.code, exc.message
             return out
-        out.size_bytes = meta.size_bytes
-        out.checksum = meta.checksum
+        size_bytes = found.size_bytes
+        out.size_bytes = size_bytes
+        out.checksum = found.checksum
         out.lease_ttl_s = self.config.lease_ttl_s
-        if meta.tag:
-            out.tag = meta.tag
-        if meta.parent_key:
-            out.parent_key = meta.parent_key
-        for seg, r in live:
+        if found.tag:
+            out.tag = found.tag
+        if found.parent_key:
+            out.parent_key = found.parent_key
+        for seg, r in found.live:
             _fill_location(
-                out.replicas.add(), seg, r, meta.size_bytes, meta.lease_until_s, GrantMode.READ
+                out.replicas.add(), seg, r, size_bytes, found.lease_until_s, GrantMode.READ
             )
         return out
 
@@ -341,7 +342,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                     tier=s.tier.value,
                     size_bytes=s.allocator.capacity_bytes,
                     used_bytes=s.allocator.used_bytes,
-                    objects=len(s.keys),
+                    objects=s.objects,
                     last_heartbeat_age_s=max(0.0, now - self.table.last_heartbeat(s.node_id)),
                 )
                 for s in self.table.segments()

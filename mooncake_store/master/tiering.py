@@ -115,7 +115,7 @@ class Tiering:
     def _drop_to(self, seg: Segment, target: float) -> None:
         cap = seg.allocator.capacity_bytes
         while seg.allocator.used_bytes > target * cap:
-            victim = self.table.policy.pick(seg.segment_id, self.table.evictable)
+            victim = self.table.victim(seg)
             if victim is None:
                 return
             self.table.evict(victim, seg)
@@ -131,7 +131,7 @@ class Tiering:
         target = low * src.allocator.capacity_bytes
         projected = src.allocator.used_bytes
         while projected > target and len(tasks) < budget:
-            key = self.table.policy.pick(src.segment_id, self.table.evictable)
+            key = self.table.victim(src)
             if key is None:
                 break
             meta = self.table.get(key)
@@ -199,7 +199,7 @@ class Tiering:
         moved = self.table.finish_move(task.key, task.source, task.dst, task.dst_offset, ok)
         if corrupt:
             meta = self.table.get(task.key)
-            if meta is not None and any(r is task.source for r in meta.replicas):
+            if meta is not None and task.source in meta.replicas:
                 self.table.evict(task.key, task.src)
         if moved:
             self.counters["promotions" if task.promotion else "demotions"] += 1
