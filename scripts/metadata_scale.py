@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
-from mooncake_store.master.server import MasterServer, freeze_long_lived
+from mooncake_store.master.server import MasterServer, freeze_long_lived, map_large_allocations
 from mooncake_store.master.service import MasterServicer
 
 BLOCK_BYTES = 64 * 1024
@@ -78,6 +78,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
 
+    map_large_allocations()  # as the master's serve() does
     server = MasterServer(MasterConfig(port=0, data_dir="/nonexistent", hot_reads=0))
     table = server.table
     servicer = MasterServicer(table, None, server.config, server.tiering, server.replication)  # type: ignore[arg-type]

@@ -329,9 +329,10 @@ class ObjectTable:
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
         self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
-        self._deferred: list[tuple[float, int, int]] = []  # (free at, segment id, offset)
+        self._deferred: list[tuple[float, int, int, int]] = []  # (free at, segment, offset, size)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
+        self._moves: dict[tuple[int, int], int] = {}  # (segment, offset) of a copy -> size
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: set[str] = set()  # lost a replica: re-replication candidates
@@ -704,8 +705,8 @@ class ObjectTable:
             chosen = self._evict_for(fast, extent)
         if not chosen:
             leased = sum(
-                self._segments[sid].allocator.extent(off)
-                for _, sid, off in self._deferred
+                self._segments[sid].allocator.aligned(size)
+                for _, sid, _, size in self._deferred
                 if sid in self._segments
             )
             held = f"; {leased} bytes are freed when their read leases end" if leased else ""
@@ -997,10 +998,10 @@ class ObjectTable:
                 result.reclaimed_puts.append(key)
                 self.counters["puts_reclaimed"] += 1
         while self._deferred and self._deferred[0][0] <= now:
-            _, segment_id, offset = heapq.heappop(self._deferred)
+            _, segment_id, offset, size_bytes = heapq.heappop(self._deferred)
             owner = self._segments.get(segment_id)
             if owner is not None:
-                self._free_extent(owner, offset)
+                self._free_extent(owner, offset, size_bytes)
         if self._orphans and now - self._started_s > self.config.restore_grace_s:
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)
@@ -1042,6 +1043,7 @@ class ObjectTable:
         if source is None or offset is None:
             return None
         self._cold_set(slot, "moving", True)
+        self._moves[dst.segment_id, offset] = self._size[slot]
         return source, offset
 
     def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
@@ -1050,7 +1052,8 @@ class ObjectTable:
         Returns True when the object now lives at the destination.
         """
         slot = self._slot.get(key)
-        live_dst = self._segments.get(dst.segment_id) is dst
+        size_bytes = self._moves.pop((dst.segment_id, offset), 0)
+        live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         valid = (
             slot is not None and self._cold_get(slot, "moving") and source in self._replicas(slot)
         )
@@ -1058,7 +1061,7 @@ class ObjectTable:
             self._cold_set(slot, "moving", False)
         if not (ok and valid and live_dst):
             if live_dst:
-                self._free_extent(dst, offset)
+                self._free_extent(dst, offset, size_bytes)
             return False
         assert slot is not None
         kept = tuple(r for r in self._replicas(slot) if r != source)
@@ -1075,7 +1078,8 @@ class ObjectTable:
     def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
         """Add the copy as a new replica (ok) or give its extent back; True when added."""
         slot = self._slot.get(key)
-        live_dst = self._segments.get(dst.segment_id) is dst
+        size_bytes = self._moves.pop((dst.segment_id, offset), 0)
+        live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         valid = (
             slot is not None and self._cold_get(slot, "moving") and self._state[slot] == _COMPLETE
         )
@@ -1088,7 +1092,7 @@ class ObjectTable:
         )
         if not (ok and valid and live_dst) or on_node:
             if live_dst:
-                self._free_extent(dst, offset)
+                self._free_extent(dst, offset, size_bytes)
             return False
         assert slot is not None
         self._set_replicas(slot, (*self._replicas(slot), Replica(dst.segment_id, offset)))
@@ -1161,7 +1165,7 @@ class ObjectTable:
 
     def validate(self) -> None:
         """Check cross-structure invariants (used by tests)."""
-        per_segment: dict[int, int] = {}
+        per_segment: dict[int, list[tuple[int, int]]] = {}  # extents held by replicas
         for key, slot in self._slot.items():
             assert self._key[slot] == key
             replicas = self._replicas(slot)
@@ -1174,19 +1178,28 @@ class ObjectTable:
                 if seg is None:
                     assert key in self._orphans.get(r.segment_id, ()), f"{key!r}: lost replica"
                 else:
-                    per_segment[r.segment_id] = per_segment.get(r.segment_id, 0) + 1
-                    assert seg.allocator._allocated.get(r.offset) == seg.allocator.aligned(
-                        self._size[slot]
-                    )
+                    extent = (r.offset, seg.allocator.aligned(self._size[slot]))
+                    per_segment.setdefault(r.segment_id, []).append(extent)
         assert sorted(self._free_slots) == [s for s, key in enumerate(self._key) if key is None], (
             "free slots out of step with the key column"
         )
         for slot in self._free_slots:
             assert self._state[slot] == _FREE and slot not in self._more
+        moves: dict[int, list[tuple[int, int]]] = {}  # extents of copies in flight
+        for (segment_id, offset), size_bytes in self._moves.items():
+            if (seg := self._segments.get(segment_id)) is not None:
+                moves.setdefault(segment_id, []).append((offset, seg.allocator.aligned(size_bytes)))
+        held: dict[int, list[tuple[int, int]]] = {}  # extents freed when read leases end
+        for _, segment_id, offset, size_bytes in self._deferred:
+            if (seg := self._segments.get(segment_id)) is not None:
+                held.setdefault(segment_id, []).append((offset, seg.allocator.aligned(size_bytes)))
         for seg in self._segments.values():
-            seg.allocator.validate()
+            extents = per_segment.get(seg.segment_id, [])
+            assert seg.objects == len(extents), "segment object count"
+            seg.allocator.validate(
+                extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, [])
+            )
             assert self._nodes[seg.node_id].info == seg.info.node
-            assert seg.objects == per_segment.get(seg.segment_id, 0), "segment object count"
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -1195,9 +1208,9 @@ class ObjectTable:
         if seg.tier.persistent:
             self._released.setdefault(seg.segment_id, []).append(offset)
 
-    def _free_extent(self, seg: Segment, offset: int) -> None:
+    def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None:
         """Give an allocated extent back now and tell its node."""
-        seg.allocator.free(offset)
+        seg.allocator.free(offset, size_bytes)
         self._note_release(seg, offset)
 
     def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None:
@@ -1205,6 +1218,7 @@ class ObjectTable:
         key = self._key[slot]
         assert key is not None
         now = self._clock()
+        size_bytes = self._size[slot]
         for r in replicas:
             seg = self._segments.get(r.segment_id)
             if seg is None:
@@ -1215,9 +1229,9 @@ class ObjectTable:
             seg.objects -= 1
             self.policy.discard(slot, r.segment_id, key)
             if free_at_s > now:
-                heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset))
+                heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset, size_bytes))
             else:
-                self._free_extent(seg, r.offset)
+                self._free_extent(seg, r.offset, size_bytes)
 
     def _lose_replica(self, slot: int, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
@@ -1261,6 +1275,8 @@ class ObjectTable:
 
     def _drop_segment(self, segment_id: int, result: TickResult) -> None:
         seg = self._segments.pop(segment_id, None)
+        for move in [m for m in self._moves if m[0] == segment_id]:
+            del self._moves[move]  # copies into it are moot: finish_* find it gone
         if seg is not None:
             state = self._nodes.get(seg.node_id)
             if state is not None and segment_id in state.segment_ids:
