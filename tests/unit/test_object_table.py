@@ -353,3 +353,92 @@ def test_object_meta_keeps_rare_fields_apart_and_compares_them():
 
     tagged = ObjectMeta("k", 10, ObjectState.COMPLETE, (), tag=b"t", wanted_replicas=3)
     assert (tagged.tag, tagged.wanted_replicas, tagged.moving) == (b"t", 3, False)
+
+
+def test_freed_slots_are_reused_without_leftovers(table, clock):
+    """A removed object's slot goes to the next new object, which inherits none of its
+    fields: not its reads, pin, tag, lease, parent or replicas."""
+    table.put_start("old", MiB, 2, tag=b"t", pin_ttl_s=0, parent_key="nobody")
+    table.put_end("old", 5)
+    table.commit_put_end("old")
+    table.get_replicas("old")
+    table.remove("old")  # leased: its extents wait, its slot does not
+    commit(table, "new", size=4096, checksum=6)
+    new = table.get("new")
+    assert (new.size_bytes, new.checksum, new.access_count, new.lease_until_s) == (4096, 6, 0, 0.0)
+    assert (new.tag, new.pin_until_s, new.parent_key, len(new.replicas)) == (b"", 0.0, "", 1)
+    assert table.get("old") is None and not table.exists("old")
+    assert table.evictable("new") and not table.evictable("old")
+    table.validate()
+    clock.now += 6
+    beat(table)
+    table.tick()  # the old extents come back after the lease
+    assert used(table) == 4096
+    table.validate()
+
+
+def test_dead_node_finds_its_objects_among_many(table, clock):
+    """Dropping a segment finds its replicas by scanning the segment column (one-replica
+    objects) and the multi-replica side table."""
+    for i in range(60):
+        commit(table, f"one-{i}", size=4096)
+    for i in range(5):
+        commit(table, f"two-{i}", size=4096, replicas=2)
+    lost = {
+        k for k in (f"one-{i}" for i in range(60)) if table.get(k).replicas[0].segment_id == 100
+    }
+    clock.now += 11
+    for s in table.segments():
+        if s.segment_id != 100:
+            table.heartbeat(s.node_id, 1)
+    result = table.tick()
+    assert [n.node_id for n in result.dead_nodes] == ["node-0"]
+    assert set(result.deleted_keys) == lost
+    for i in range(5):  # the pairs keep their other replica, and are due for repair
+        replicas = table.get(f"two-{i}").replicas
+        assert len(replicas) >= 1 and all(r.segment_id != 100 for r in replicas)
+    assert {f"two-{i}" for i in range(5) if len(table.get(f"two-{i}").replicas) == 1} <= (
+        table.under_replicated
+    )
+    table.validate()
+
+
+def test_moved_parent_keeps_its_children_reachable(clock):
+    """A block moved to another tier stays the same block to the eviction policy: its
+    children are not orphaned and it is not sent through the ghost table."""
+    from mooncake_store.master.eviction import WeightedPolicy
+
+    t = ObjectTable(TableConfig(), clock=clock, policy=WeightedPolicy())
+    mount(t, "n", 10, more=[(20, Tier.NVME, 16 * MiB, [])])
+    dram, nvme = t.segment(10), t.segment(20)
+    t.put_start("parent", MiB)
+    t.put_end("parent", 1)
+    t.commit_put_end("parent")
+    t.put_start("child", MiB, parent_key="parent")
+    t.put_end("child", 2)
+    t.commit_put_end("child")
+    source, offset = t.begin_move("parent", dram, nvme)
+    assert t.finish_move("parent", source, nvme, offset, True)
+    commit(t, "fresh")  # newer, but shallower than the child
+    # An orphaned child would be worth nothing and go first; a reachable one is worth more
+    # than a fresh root block, so the root goes first.
+    assert t.victim(dram) == "fresh"
+    assert t.policy.ghost_size() == 0
+    t.validate()
+
+
+def test_restored_replica_the_node_does_not_vouch_for_is_dropped(clock):
+    """After a restart, a persistent segment whose inventory shows another block where a
+    restored replica should be: the replica goes (its extent was never reserved) and the
+    block found there is adopted."""
+    from mooncake_store.common.blocks import BlockRecord
+
+    t = ObjectTable(TableConfig(), clock=clock)
+    t.restore([ObjectMeta("gone", MiB, ObjectState.COMPLETE, (Replica(30, 0),), checksum=1)])
+    mount(t, "n", 10, more=[(30, Tier.NVME, 16 * MiB, [BlockRecord("other", 0, MiB, 9)])])
+    assert t.get("gone") is None
+    assert t.exists("other") and t.get("other").checksum == 9
+    dirty = t.take_dirty()
+    assert dirty.deletes == ["gone"] and [m.key for m in dirty.puts] == ["other"]
+    assert t.segment(30).allocator.used_bytes == MiB
+    t.validate()
