@@ -283,16 +283,19 @@ class WeightedPolicy(EvictionPolicy):
         self._refresh(slot)
 
     def access(self, slot: int) -> None:
-        if not self._known(slot):
+        segments = self._segment
+        if slot >= len(segments):
+            return
+        first = segments[slot]
+        if first == _NONE:
             return
         reads = self._reads[slot]
         if reads < 0xFFFFFFFF:
             self._reads[slot] = reads + 1
-        more = self._segments.get(slot)
-        if more is None:
-            self._touched[slot] = self._clock.get(self._segment[slot], 0.0)
+        if slot not in self._segments:
+            self._touched[slot] = self._clock.get(first, 0.0)
         else:
-            clocks = tuple(self._clock.get(s, 0.0) for s in more)
+            clocks = tuple(self._clock.get(s, 0.0) for s in self._segments[slot])
             self._touched_all[slot] = clocks
             self._touched[slot] = clocks[0]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -303,6 +303,9 @@ class ObjectTable:
         self.config = config
         self.policy = policy or LruPolicy()
         self._clock = clock
+        self._lease_ttl_s = config.lease_ttl_s  # read on every lookup: no attribute chains
+        self._hot_window_s = config.hot_window_s
+        self._hot_reads = config.hot_reads
         self._started_s = clock()
         # One slot per object; a freed slot is reused.
         self._slot: dict[str, int] = {}
@@ -883,45 +886,41 @@ class ObjectTable:
         if segment_id != _NO_SEGMENT:  # almost every block: one replica, no comprehension
             seg = self._segments.get(segment_id)
             live = [(seg, Replica(segment_id, self._offset[slot]))] if seg is not None else []
+            slow = seg is not None and seg.persistent
         else:
             live = [(s, r) for r in self._more[slot] if (s := self._segments.get(r.segment_id))]
+            slow = all(s.persistent for s, _ in live)
         if not live:
             raise ReplicaUnavailableError(
                 f"{key!r} is committed but none of its nodes is mounted; retry shortly"
             )
         now = self._clock()
-        lease = now + self.config.lease_ttl_s
-        if lease > self._lease[slot]:
-            self._lease[slot] = lease
+        leases = self._lease
+        lease = now + self._lease_ttl_s
+        if lease > leases[slot]:
+            leases[slot] = lease
         else:
-            lease = self._lease[slot]
+            lease = leases[slot]
         reads = self._reads[slot]
         if reads < _MAX_U32:
             self._reads[slot] = reads + 1
         self._last_read[slot] = now
         window_reads = self._window_reads[slot] + 1
-        if now - self._window_start[slot] > self.config.hot_window_s:
+        if now - self._window_start[slot] > self._hot_window_s:
             self._window_start[slot], window_reads = now, 1
         self._window_reads[slot] = min(window_reads, _MAX_U32)
-        if self.config.hot_reads and window_reads >= self.config.hot_reads:
+        if self._hot_reads and window_reads >= self._hot_reads:
             self.hot_keys.add(key)
-        for s, _ in live:
-            if not s.info.tier.persistent:
-                break
-        else:  # served only from a persistent tier
+        if slow:  # served only from a persistent tier
             self._cold_set(slot, "slow_reads", self._cold_get(slot, "slow_reads") + 1)
             self.slow_keys.add(key)
         self.policy.access(slot)
         self.read_keys.add(key)
         self.counters["gets"] += 1
         cold = self._cold.get(slot)
+        tag = b"" if cold is None else cold.tag
         return ReadResult(
-            self._size[slot],
-            self._checksum[slot],
-            lease,
-            b"" if cold is None else cold.tag,
-            self._parent[slot],
-            live,
+            self._size[slot], self._checksum[slot], lease, tag, self._parent[slot], live
         )
 
     def get_replicas(
@@ -959,11 +958,6 @@ class ObjectTable:
         """A snapshot of the object under `key` (any state), or None."""
         slot = self._slot.get(key)
         return None if slot is None else self._snapshot(slot)
-
-    def objects(self) -> Iterator[ObjectMeta]:
-        """Snapshots of every object (any state)."""
-        for slot in list(self._slot.values()):
-            yield self._snapshot(slot)
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.

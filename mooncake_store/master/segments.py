@@ -47,12 +47,13 @@ class SegmentInfo:
 class Segment:
     """A mounted segment: its info, allocator and how many objects have a replica in it."""
 
-    __slots__ = ("allocator", "info", "objects")
+    __slots__ = ("allocator", "info", "objects", "persistent")
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator) -> None:
         self.info = info
         self.allocator = allocator
         self.objects = 0
+        self.persistent = info.tier.persistent  # read on every lookup
 
     @property
     def node_id(self) -> str:
