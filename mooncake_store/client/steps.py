@@ -52,6 +52,8 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
     is using it), the copy stays in this thread.
     """
     n = len(src)
+    if len(dest) != n:
+        raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
     if n <= _SMALL_COPY:  # a few microseconds: numpy's call overhead would double it
         dest[:] = src
         return xxhash.xxh3_64_intdigest(dest)
@@ -87,6 +89,7 @@ class _CopyHelper:
         self._error: BaseException | None = None
         self._pid = 0  # the thread does not survive a fork: start one per process
         self.splits = 0  # copies it took half of
+        self._copy = np.copyto  # what the helper copies with (a test makes it fail)
 
     def start(self, to: np.ndarray, frm: np.ndarray, split: int) -> bool:
         """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
@@ -116,7 +119,7 @@ class _CopyHelper:
             try:
                 job = self._job
                 if job is not None:
-                    np.copyto(job[0], job[1])
+                    self._copy(job[0], job[1])
             except BaseException as exc:  # the caller raises it: never a silent short copy
                 self._error = exc
             finally:

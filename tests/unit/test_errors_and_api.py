@@ -104,9 +104,19 @@ def test_split_copies_from_many_threads_stay_right():
     assert copy(0) and _HELPER.splits == splits + 1  # alone: the helper took the back half
 
     src = sources[0]
-    short = np.empty(len(src) - 4096, dtype=np.uint8)  # the helper's half cannot fit
-    with pytest.raises(ValueError):
+    short = np.empty(len(src) - 4096, dtype=np.uint8)
+    with pytest.raises(ValueError, match="into a buffer of"):
         copy_checksum(memoryview(short), memoryview(src))
+
+    def failing(to: np.ndarray, frm: np.ndarray) -> None:
+        raise OSError("bad page")
+
+    _HELPER._copy = failing  # the helper's half fails: the caller raises, never returns
+    try:
+        with pytest.raises(OSError, match="bad page"):
+            copy(0)
+    finally:
+        _HELPER._copy = np.copyto
     assert not _HELPER._busy.locked()
     assert copy(0) and _HELPER.splits == splits + 3  # free again after the failure
 
