@@ -157,7 +157,9 @@ class AsyncClient(ReadFlows, WriteFlows):
                 error = exc
 
     async def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
-        return await self._tcp.exchange_many([(t.loc, t.op, t.buffer) for t in transfers])
+        return await self._tcp.exchange_many(
+            [(t.loc, t.op, t.buffer) for t in transfers], [t.hasher for t in transfers]
+        )
 
     async def _map_pools(self, replicas: Sequence[ReplicaLocation]) -> None:
         loop = asyncio.get_running_loop()

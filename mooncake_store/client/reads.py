@@ -28,6 +28,7 @@ from mooncake_store.client.steps import (
     checksum,
     copy_checksum,
 )
+from mooncake_store.client.transport import Hasher
 from mooncake_store.client.types import PrefixRead, ReplicaList, ReplicaLocation
 from mooncake_store.common.errors import (
     BufferTooSmallError,
@@ -244,15 +245,15 @@ class ReadFlows(LocalPools):
                     if last[n] is None:
                         break
             results: list[MooncakeError | None] = []
-            if transfers:
-                results = yield Transfers(
-                    [Transfer(Op.READ, loc, remote[n][2]) for n, loc in transfers]
-                )
-            for (n, loc), err in zip(transfers, results, strict=True):
-                key, info, dest = remote[n]
+            reads = [Transfer(Op.READ, loc, remote[n][2], Hasher()) for n, loc in transfers]
+            if reads:
+                results = yield Transfers(reads)
+            for (n, loc), read, err in zip(transfers, reads, results, strict=True):
+                key, info, _ = remote[n]
                 if err is None:
                     self.counters["tcp_reads"] += 1
-                    err = self._verified(key, loc, info, checksum(dest))
+                    assert read.hasher is not None
+                    err = self._verified(key, loc, info, read.hasher.intdigest())
                 last[n] = err
             todo = [n for n in todo if last[n] is not None and queues[n]]
         return last

@@ -19,7 +19,7 @@ import numpy as np
 import xxhash
 
 from mooncake_store.client.master_client import MasterCall
-from mooncake_store.client.transport import ShmMapper
+from mooncake_store.client.transport import Hasher, ShmMapper
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
@@ -138,11 +138,17 @@ class MapPools:
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
-    """One node access over TCP: write `buffer` to, or read the replica into, `buffer`."""
+    """One node access over TCP: write `buffer` to, or read the replica into, `buffer`.
+
+    A read may carry `hasher`: the transport feeds it each piece of the reply as it lands,
+    while the piece is still in cache, so the checksum costs no second pass over memory
+    (16 MiB: ~1.3 ms less, 15-20% of the read).
+    """
 
     op: Op
     loc: ReplicaLocation
     buffer: memoryview
+    hasher: Hasher | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,11 +101,13 @@ class Client:
         if len(transfers) == 1:
             t = transfers[0]
             try:
-                nodes.exchange(t.loc, t.op, t.buffer)
+                nodes.exchange(t.loc, t.op, t.buffer, hasher=t.hasher)
             except MooncakeError as exc:
                 return [exc]
             return [None]
-        return nodes.exchange_many([(t.loc, t.op, t.buffer) for t in transfers])
+        return nodes.exchange_many(
+            [(t.loc, t.op, t.buffer) for t in transfers], [t.hasher for t in transfers]
+        )
 
     def _master_call(self, call: MasterCall[T]) -> T:
         channel = self._channel()

@@ -19,6 +19,9 @@ import errno
 import mmap
 import socket
 import struct
+from collections.abc import Sequence
+
+import xxhash
 
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.errors import (
@@ -35,6 +38,8 @@ from mooncake_store.common.wire import (
     pack_readv,
     pack_request,
 )
+
+Hasher = xxhash.xxh3_64  # the object checksum, fed piece by piece
 
 _READV_BYTES = 64 * 1024 * 1024  # per READV reply: the node queues it all at once
 
@@ -165,6 +170,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._stage = "idle"
         self._dests: list[memoryview] | None = None  # where a READ (or READV) reply lands
+        self._hashers: Sequence[Hasher | None] = ()  # fed each dest's bytes as they land
+        self._hasher: Hasher | None = None  # the current dest's
         self._next = 0
         self._status = OK
         self._done: asyncio.Future[bytes] | None = None
@@ -191,6 +198,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self.transport.close()
             return
         self._filled += nbytes
+        if self._hasher is not None and nbytes:
+            self._hasher.update(self._target[self._filled - nbytes : self._filled])
         if self._filled < len(self._target):
             return
         if self._stage == "header":
@@ -204,6 +213,7 @@ class _Connection(asyncio.BufferedProtocol):
                     self._finish(exc=DataPathError(f"node sent {size} bytes, expected {expected}"))
                     return
                 self._stage, self._target, self._filled = "payload", self._dests[0], 0
+                self._hasher = self._hashers[0] if self._hashers else None
                 self._next = 1
             else:
                 self._stage, self._target, self._filled = "payload", memoryview(b""), 0
@@ -217,6 +227,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if self._dests is not None and self._next < len(self._dests):
             self._target, self._filled = self._dests[self._next], 0  # a READV's next extent
+            self._hasher = self._hashers[self._next] if self._hashers else None
             self._next += 1
             return
         self._finish()
@@ -224,6 +235,7 @@ class _Connection(asyncio.BufferedProtocol):
     def _finish(self, exc: BaseException | None = None) -> None:
         self._stage = "idle"
         self._dests = None
+        self._hashers, self._hasher = (), None
         done, self._done = self._done, None
         if exc is not None:
             self.broken = True  # resynchronising after an error is not worth it: reconnect
@@ -236,7 +248,11 @@ class _Connection(asyncio.BufferedProtocol):
                 done.set_exception(exc)
 
     def request(
-        self, frame: bytes, payload: memoryview | None, dest: memoryview | list[memoryview] | None
+        self,
+        frame: bytes,
+        payload: memoryview | None,
+        dest: memoryview | list[memoryview] | None,
+        hashers: Sequence[Hasher | None] = (),
     ) -> asyncio.Future[bytes]:
         if self.transport is None or self.broken or self._stage != "idle":
             # The node closed the connection between it being handed out and used (it died,
@@ -245,6 +261,7 @@ class _Connection(asyncio.BufferedProtocol):
             raise DataPathError("connection to store node lost before the request was sent")
         self._done = asyncio.get_running_loop().create_future()
         self._dests = [dest] if isinstance(dest, memoryview) else dest
+        self._hashers, self._hasher = hashers, None
         self._stage, self._target, self._filled = "header", memoryview(self._header), 0
         self.transport.write(frame)
         if payload is not None and len(payload):
@@ -289,10 +306,14 @@ class TcpPool:
         idle.append(conn)
 
     async def exchange_many(
-        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]]
+        self,
+        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        hashers: Sequence[Hasher | None] | None = None,
     ) -> list[MooncakeError | None]:
         """Many transfers in parallel; a node's DRAM reads travel as READV requests (planned as
-        the blocking client plans them).  A refused READV is retried item by item."""
+        the blocking client plans them).  A refused READV is retried item by item.  A read's
+        hasher (`hashers[i]`, if given) is fed the bytes it receives."""
+        hashers = hashers or [None] * len(transfers)
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
             by_node.setdefault(loc.endpoint, []).append(i)
@@ -300,11 +321,13 @@ class TcpPool:
         for items in by_node.values():
             for frame, payload, covered in plan_node_requests(transfers, items, True):
                 if len(covered) > 1:
-                    calls.append((covered, self._readv(transfers, covered, frame)))
+                    calls.append((covered, self._readv(transfers, covered, frame, hashers)))
                 else:  # the planned frame as it is, not packed again
                     loc, op, buffer = transfers[covered[0]]
                     dest = None if op is Op.WRITE else buffer
-                    calls.append((covered, self._exchange(loc, op, payload, dest, frame=frame)))
+                    fed = [hashers[covered[0]]] if dest is not None else []
+                    call = self._exchange(loc, op, payload, dest, fed, frame=frame)
+                    calls.append((covered, call))
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[MooncakeError | None] = [None] * len(transfers)
         retry: list[int] = []
@@ -318,7 +341,8 @@ class TcpPool:
                     results[covered[0]] = outcome
         if retry:
             again = await asyncio.gather(
-                *(self.exchange(*transfers[i]) for i in retry), return_exceptions=True
+                *(self.exchange(*transfers[i], hasher=hashers[i]) for i in retry),
+                return_exceptions=True,
             )
             for i, outcome in zip(retry, again, strict=True):
                 if isinstance(outcome, BaseException) and not isinstance(outcome, MooncakeError):
@@ -331,10 +355,12 @@ class TcpPool:
         transfers: list[tuple[ReplicaLocation, Op, memoryview]],
         items: list[int],
         frame: bytes,
+        hashers: Sequence[Hasher | None],
     ) -> None:
         loc = transfers[items[0]][0]
         dests = [transfers[i][2] for i in items]
-        await self._exchange(loc, Op.READV, None, dests, frame=frame)
+        fed = [hashers[i] for i in items]
+        await self._exchange(loc, Op.READV, None, dests, fed, frame=frame)
 
     async def _exchange(
         self,
@@ -342,6 +368,7 @@ class TcpPool:
         op: Op,
         payload: memoryview | None,
         dest: memoryview | list[memoryview] | None,
+        hashers: Sequence[Hasher | None] = (),
         *,
         frame: bytes | None = None,
     ) -> None:
@@ -349,7 +376,7 @@ class TcpPool:
         if slots is None:
             slots = self._slots[loc.endpoint] = asyncio.Semaphore(self.max_per_node)
         async with slots:
-            await self._exchange_one(loc, op, payload, dest, frame)
+            await self._exchange_one(loc, op, payload, dest, hashers, frame)
 
     async def _exchange_one(
         self,
@@ -357,19 +384,20 @@ class TcpPool:
         op: Op,
         payload: memoryview | None,
         dest: memoryview | list[memoryview] | None,
+        hashers: Sequence[Hasher | None],
         frame: bytes | None,
     ) -> None:
         if frame is None:
             frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
         conn = await self._acquire(loc.endpoint)
         try:
-            reply = conn.request(frame, payload, dest)
+            reply = conn.request(frame, payload, dest, hashers)
         except DataPathError:
             # An idle connection the node closed meanwhile: one retry on a new connection.
             self._release(loc.endpoint, conn)
             conn = await self._acquire(loc.endpoint, fresh=True)
             try:
-                reply = conn.request(frame, payload, dest)
+                reply = conn.request(frame, payload, dest, hashers)
             except DataPathError:
                 self._release(loc.endpoint, conn)
                 raise
@@ -386,12 +414,15 @@ class TcpPool:
         finally:
             self._release(loc.endpoint, conn)
 
-    async def exchange(self, loc: ReplicaLocation, op: Op, buffer: memoryview) -> None:
-        """WRITE `buffer` to the replica, or READ the replica into `buffer`."""
+    async def exchange(
+        self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
+    ) -> None:
+        """WRITE `buffer` to the replica, or READ the replica into `buffer` (feeding
+        `hasher` the bytes as they land)."""
         if op is Op.WRITE:
             await self._exchange(loc, op, buffer, None)
         else:
-            await self._exchange(loc, op, None, buffer)
+            await self._exchange(loc, op, None, buffer, [hasher])
 
     def close(self) -> None:
         for conns in self._idle.values():
@@ -430,20 +461,25 @@ class BlockingNodeConnections:
         if sock is not None:
             sock.close()
 
-    def exchange(self, loc: ReplicaLocation, op: Op, buffer: memoryview) -> None:
-        """WRITE `buffer` to the replica, or READ the replica into `buffer`."""
+    def exchange(
+        self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
+    ) -> None:
+        """WRITE `buffer` to the replica, or READ the replica into `buffer` (feeding
+        `hasher` the bytes as they land)."""
         reused = loc.endpoint in self._socks
         sock = self._socks.get(loc.endpoint) or self._connect(loc.endpoint)
         try:
-            self._exchange(sock, loc, op, buffer)
+            self._exchange(sock, loc, op, buffer, hasher)
         except _StaleConnection:
             # The node closed an idle connection (it restarted, or dropped it): one retry on
             # a fresh one, as the async pool does.  Both operations are idempotent.
             self._drop(loc.endpoint)
             if not reused:
                 raise DataPathError(f"store node {loc.endpoint} closed the connection") from None
+            if hasher is not None:  # nothing of the reply came: start the hash afresh
+                hasher.reset()
             try:
-                self._exchange(self._connect(loc.endpoint), loc, op, buffer)
+                self._exchange(self._connect(loc.endpoint), loc, op, buffer, hasher)
             except _StaleConnection:
                 self._drop(loc.endpoint)
                 raise DataPathError(f"store node {loc.endpoint} closed the connection") from None
@@ -455,7 +491,12 @@ class BlockingNodeConnections:
             raise
 
     def _exchange(
-        self, sock: socket.socket, loc: ReplicaLocation, op: Op, buffer: memoryview
+        self,
+        sock: socket.socket,
+        loc: ReplicaLocation,
+        op: Op,
+        buffer: memoryview,
+        hasher: Hasher | None,
     ) -> None:
         try:
             sock.sendall(pack_request(op, loc.grant, loc.offset, loc.size_bytes))
@@ -468,18 +509,25 @@ class BlockingNodeConnections:
             raise _StaleConnection() from exc
         except OSError as exc:
             raise self._failed(loc, exc) from exc
-        refused = self._receive(sock, loc, [buffer] if op is Op.READ else [], first=True)
+        reads = [buffer] if op is Op.READ else []
+        refused = self._receive(sock, loc, reads, [hasher] if reads else [], first=True)
         if refused is not None:
             raise refused
 
     def exchange_many(
-        self, transfers: list[tuple[ReplicaLocation, Op, memoryview]], *, readv: bool = True
+        self,
+        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        hashers: Sequence[Hasher | None] | None = None,
+        *,
+        readv: bool = True,
     ) -> list[MooncakeError | None]:
         """Many transfers, pipelined: every request goes out on its node's socket first, then
         the replies are read in order (a node answers one connection's requests in order).
         A node's DRAM reads travel as READV requests (one reply carries many extents); a READV
-        the node refuses is retried item by item, so each item gets its own answer.
+        the node refuses is retried item by item, so each item gets its own answer.  A read's
+        hasher (`hashers[i]`, if given) is fed the bytes it receives.
         The result is one MooncakeError or None per transfer."""
+        fed = hashers or [None] * len(transfers)
         results: list[MooncakeError | None] = [None] * len(transfers)
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
@@ -501,9 +549,10 @@ class BlockingNodeConnections:
             broken: MooncakeError | None = failure
             for n, (_, _, items) in enumerate(requests[:sent]):
                 loc, op, _ = transfers[items[0]]
-                reads = [transfers[i][2] for i in items if transfers[i][1] is Op.READ]
+                read_items = [i for i in items if transfers[i][1] is Op.READ]
+                reads = [transfers[i][2] for i in read_items]
                 try:
-                    refused = self._receive(sock, loc, reads)
+                    refused = self._receive(sock, loc, reads, [fed[i] for i in read_items])
                 except MooncakeError as exc:  # the stream broke: nothing after it is readable
                     for _, _, rest in requests[n:sent]:
                         for j in rest:
@@ -526,7 +575,9 @@ class BlockingNodeConnections:
             if broken is not None:
                 self._drop(endpoint)
         if one_by_one:
-            again = self.exchange_many([transfers[i] for i in one_by_one], readv=False)
+            again = self.exchange_many(
+                [transfers[i] for i in one_by_one], [fed[i] for i in one_by_one], readv=False
+            )
             for i, result in zip(one_by_one, again, strict=True):
                 results[i] = result
         return results
@@ -553,11 +604,13 @@ class BlockingNodeConnections:
         sock: socket.socket,
         loc: ReplicaLocation,
         buffers: list[memoryview],
+        hashers: Sequence[Hasher | None],
         *,
         first: bool = False,
     ) -> MooncakeError | None:
-        """Read one reply (a READ's, a READV's, a WRITE's) into `buffers`: None, or the node's
-        refusal (then no payload came); raises when the stream broke.  With `first` (a lone
+        """Read one reply (a READ's, a READV's, a WRITE's) into `buffers`, feeding each
+        buffer's hasher: None, or the node's refusal (then no payload came); raises when the
+        stream broke.  With `first` (a lone
         request on a reused connection), a connection the node had already closed raises
         _StaleConnection, for one retry on a fresh one."""
         try:
@@ -576,8 +629,8 @@ class BlockingNodeConnections:
             expected = sum(len(buffer) for buffer in buffers)
             if size != expected:
                 raise DataPathError(f"node sent {size} bytes, expected {expected}")
-            for buffer in buffers:
-                _recv_exactly(sock, buffer)
+            for buffer, hasher in zip(buffers, hashers, strict=True):
+                _recv_exactly(sock, buffer, hasher)
             return None
         except (ConnectionResetError, BrokenPipeError) as exc:
             if first:
@@ -614,9 +667,11 @@ class _StaleConnection(Exception):
     pass
 
 
-def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+def _recv_exactly(sock: socket.socket, view: memoryview, hasher: Hasher | None = None) -> None:
     while len(view):
         n = sock.recv_into(view)
         if n == 0:
             raise DataPathError("store node closed the connection mid-reply")
+        if hasher is not None:
+            hasher.update(view[:n])  # just landed: still in cache
         view = view[n:]

@@ -378,3 +378,71 @@ def test_node_serves_readv_and_refuses_it_whole(tmp_path):
             sock.sendall(pack_request(Op.READ, locs[0].grant, locs[0].offset, locs[0].size_bytes))
             status, body = reply()  # the same connection still serves
             assert status == 0 and body == values["readv/0"]
+
+
+def test_transports_hash_reads_as_they_land(tmp_path):
+    """Both TCP transports feed a read's hasher the bytes it receives, for a lone READ, the
+    extents of a READV, and a READV refused whole and retried item by item: the digest is
+    the checksum of exactly the bytes delivered."""
+    from dataclasses import replace
+
+    import xxhash
+
+    from mooncake_store.client.transport import BlockingNodeConnections, Hasher
+
+    with LocalCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
+        master = cluster.master_address
+        values = {f"hash/{i}": os.urandom(size) for i, size in enumerate((1, 70_000, 3 << 20))}
+        with Client(master) as store:
+            for key, value in values.items():
+                store.put(key, value)
+        locs = [replica_list(master, key).replicas[0] for key in values]
+        forged = bytearray(locs[0].grant)
+        forged[-1] ^= 0x01
+        bad = replace(locs[0], grant=bytes(forged))
+        want = [xxhash.xxh3_64_intdigest(v) for v in values.values()]
+
+        def batch(with_bad: bool) -> tuple[list, list[memoryview], list[Hasher]]:
+            chosen = [*locs, bad] if with_bad else locs
+            bufs = [memoryview(bytearray(loc.size_bytes)) for loc in chosen]
+            return (
+                [(loc, Op.READ, b) for loc, b in zip(chosen, bufs, strict=True)],
+                bufs,
+                [Hasher() for _ in chosen],
+            )
+
+        nodes = BlockingNodeConnections(timeout_s=5)
+        try:
+            lone = memoryview(bytearray(locs[2].size_bytes))
+            hasher = Hasher()
+            nodes.exchange(locs[2], Op.READ, lone, hasher=hasher)
+            assert hasher.intdigest() == want[2] and bytes(lone) == values["hash/2"]
+            for with_bad in (False, True):  # one READV; then refused whole, one by one
+                transfers, bufs, hashers = batch(with_bad)
+                results = nodes.exchange_many(transfers, hashers)
+                assert results[:3] == [None, None, None]
+                assert [h.intdigest() for h in hashers[:3]] == want
+                assert [bytes(b) for b in bufs[:3]] == list(values.values())
+                if with_bad:
+                    assert isinstance(results[3], AccessDeniedError)
+        finally:
+            nodes.close()
+
+        async def over_the_pool() -> None:
+            pool = TcpPool(timeout_s=5)
+            try:
+                hasher = Hasher()
+                await pool.exchange(locs[2], Op.READ, memoryview(bytearray(3 << 20)), hasher=hasher)
+                assert hasher.intdigest() == want[2]
+                for with_bad in (False, True):
+                    transfers, bufs, hashers = batch(with_bad)
+                    results = await pool.exchange_many(transfers, hashers)
+                    assert [bytes(b) for b in bufs[:3]] == list(values.values())
+                    assert results[:3] == [None, None, None]
+                    assert [h.intdigest() for h in hashers[:3]] == want
+                    if with_bad:
+                        assert isinstance(results[3], AccessDeniedError)
+            finally:
+                pool.close()
+
+        asyncio.run(over_the_pool())
