@@ -19,7 +19,7 @@ import errno
 import mmap
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
 
@@ -253,6 +253,7 @@ class _Connection(asyncio.BufferedProtocol):
         payload: memoryview | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None] = (),
+        payload_hasher: Hasher | None = None,
     ) -> asyncio.Future[bytes]:
         if self.transport is None or self.broken or self._stage != "idle":
             # The node closed the connection between it being handed out and used (it died,
@@ -265,7 +266,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._stage, self._target, self._filled = "header", memoryview(self._header), 0
         self.transport.write(frame)
         if payload is not None and len(payload):
-            self.transport.write(payload)
+            write_hashed(self.transport.write, payload, payload_hasher)
         return self._done
 
 
@@ -311,8 +312,8 @@ class TcpPool:
         hashers: Sequence[Hasher | None] | None = None,
     ) -> list[MooncakeError | None]:
         """Many transfers in parallel; a node's DRAM reads travel as READV requests (planned as
-        the blocking client plans them).  A refused READV is retried item by item.  A read's
-        hasher (`hashers[i]`, if given) is fed the bytes it receives."""
+        the blocking client plans them).  A refused READV is retried item by item.  A
+        transfer's hasher (`hashers[i]`, if given) is fed the bytes it sends or receives."""
         hashers = hashers or [None] * len(transfers)
         by_node: dict[str, list[int]] = {}
         for i, (loc, _, _) in enumerate(transfers):
@@ -324,9 +325,11 @@ class TcpPool:
                     calls.append((covered, self._readv(transfers, covered, frame, hashers)))
                 else:  # the planned frame as it is, not packed again
                     loc, op, buffer = transfers[covered[0]]
-                    dest = None if op is Op.WRITE else buffer
-                    fed = [hashers[covered[0]]] if dest is not None else []
-                    call = self._exchange(loc, op, payload, dest, fed, frame=frame)
+                    hasher = hashers[covered[0]]
+                    if op is Op.WRITE:
+                        call = self._exchange(loc, op, payload, None, (), hasher, frame=frame)
+                    else:
+                        call = self._exchange(loc, op, None, buffer, [hasher], frame=frame)
                     calls.append((covered, call))
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[MooncakeError | None] = [None] * len(transfers)
@@ -369,6 +372,7 @@ class TcpPool:
         payload: memoryview | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None] = (),
+        payload_hasher: Hasher | None = None,
         *,
         frame: bytes | None = None,
     ) -> None:
@@ -376,7 +380,7 @@ class TcpPool:
         if slots is None:
             slots = self._slots[loc.endpoint] = asyncio.Semaphore(self.max_per_node)
         async with slots:
-            await self._exchange_one(loc, op, payload, dest, hashers, frame)
+            await self._exchange_one(loc, op, payload, dest, hashers, payload_hasher, frame)
 
     async def _exchange_one(
         self,
@@ -385,19 +389,21 @@ class TcpPool:
         payload: memoryview | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None],
+        payload_hasher: Hasher | None,
         frame: bytes | None,
     ) -> None:
         if frame is None:
             frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
         conn = await self._acquire(loc.endpoint)
         try:
-            reply = conn.request(frame, payload, dest, hashers)
+            reply = conn.request(frame, payload, dest, hashers, payload_hasher)
         except DataPathError:
             # An idle connection the node closed meanwhile: one retry on a new connection.
+            # (request() refuses before writing anything, so no hasher was fed.)
             self._release(loc.endpoint, conn)
             conn = await self._acquire(loc.endpoint, fresh=True)
             try:
-                reply = conn.request(frame, payload, dest, hashers)
+                reply = conn.request(frame, payload, dest, hashers, payload_hasher)
             except DataPathError:
                 self._release(loc.endpoint, conn)
                 raise
@@ -417,10 +423,10 @@ class TcpPool:
     async def exchange(
         self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
     ) -> None:
-        """WRITE `buffer` to the replica, or READ the replica into `buffer` (feeding
-        `hasher` the bytes as they land)."""
+        """WRITE `buffer` to the replica, or READ the replica into `buffer`, feeding `hasher`
+        the bytes as they go out or land."""
         if op is Op.WRITE:
-            await self._exchange(loc, op, buffer, None)
+            await self._exchange(loc, op, buffer, None, (), hasher)
         else:
             await self._exchange(loc, op, None, buffer, [hasher])
 
@@ -464,8 +470,8 @@ class BlockingNodeConnections:
     def exchange(
         self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
     ) -> None:
-        """WRITE `buffer` to the replica, or READ the replica into `buffer` (feeding
-        `hasher` the bytes as they land)."""
+        """WRITE `buffer` to the replica, or READ the replica into `buffer`, feeding `hasher`
+        the bytes as they go out or land."""
         reused = loc.endpoint in self._socks
         sock = self._socks.get(loc.endpoint) or self._connect(loc.endpoint)
         try:
@@ -504,7 +510,7 @@ class BlockingNodeConnections:
             raise _StaleConnection() from exc
         try:
             if op is Op.WRITE:
-                sock.sendall(buffer)
+                write_hashed(sock.sendall, buffer, hasher)
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise _StaleConnection() from exc
         except OSError as exc:
@@ -524,8 +530,8 @@ class BlockingNodeConnections:
         """Many transfers, pipelined: every request goes out on its node's socket first, then
         the replies are read in order (a node answers one connection's requests in order).
         A node's DRAM reads travel as READV requests (one reply carries many extents); a READV
-        the node refuses is retried item by item, so each item gets its own answer.  A read's
-        hasher (`hashers[i]`, if given) is fed the bytes it receives.
+        the node refuses is retried item by item, so each item gets its own answer.  A
+        transfer's hasher (`hashers[i]`, if given) is fed the bytes it sends or receives.
         The result is one MooncakeError or None per transfer."""
         fed = hashers or [None] * len(transfers)
         results: list[MooncakeError | None] = [None] * len(transfers)
@@ -536,7 +542,7 @@ class BlockingNodeConnections:
         sending: dict[str, tuple[socket.socket, int, DataPathError | None]] = {}
         for endpoint, requests in plans.items():  # every node gets its requests first
             try:
-                sending[endpoint] = self._send_all(endpoint, requests)
+                sending[endpoint] = self._send_all(endpoint, requests, fed)
             except MooncakeError as exc:
                 for i in by_node[endpoint]:
                     results[i] = exc
@@ -583,18 +589,23 @@ class BlockingNodeConnections:
         return results
 
     def _send_all(
-        self, endpoint: str, requests: list[tuple[bytes, memoryview | None, list[int]]]
+        self,
+        endpoint: str,
+        requests: list[tuple[bytes, memoryview | None, list[int]]],
+        hashers: Sequence[Hasher | None],
     ) -> tuple[socket.socket, int, DataPathError | None]:
         """Send the requests; (socket, how many were sent in full, the send failure or None).
         A failure on the first request of a reused connection (the node dropped it while it
         was idle) is retried once on a fresh one."""
         reused = endpoint in self._socks
         sock = self._socks.get(endpoint) or self._connect(endpoint)
-        sent, failure = _send_requests(sock, requests)
+        sent, failure = _send_requests(sock, requests, hashers)
         if failure is not None and sent == 0 and reused:
             self._drop(endpoint)
             sock = self._connect(endpoint)
-            sent, failure = _send_requests(sock, requests)
+            if requests[0][1] is not None and (hasher := hashers[requests[0][2][0]]):
+                hasher.reset()  # part of the first payload may have been fed
+            sent, failure = _send_requests(sock, requests, hashers)
         if failure is None:
             return sock, sent, None
         return sock, sent, DataPathError(f"sending to store node {endpoint} failed: {failure}")
@@ -647,16 +658,36 @@ class BlockingNodeConnections:
         return DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}")
 
 
+_HASH_STEP = 1 << 20  # a payload is hashed this much at a time, just before it is sent
+
+
+def write_hashed(
+    write: Callable[[memoryview], object], payload: memoryview, hasher: Hasher | None
+) -> None:
+    """Send `payload` with `write`; with a hasher, in steps that are hashed first, so the send
+    reads them from cache instead of memory."""
+    if hasher is None:
+        write(payload)
+        return
+    for start in range(0, len(payload), _HASH_STEP):
+        piece = payload[start : start + _HASH_STEP]
+        hasher.update(piece)
+        write(piece)
+
+
 def _send_requests(
-    sock: socket.socket, requests: list[tuple[bytes, memoryview | None, list[int]]]
+    sock: socket.socket,
+    requests: list[tuple[bytes, memoryview | None, list[int]]],
+    hashers: Sequence[Hasher | None],
 ) -> tuple[int, OSError | None]:
-    """Send (frame, payload) requests in order: how many went out in full, and the failure."""
+    """Send (frame, payload) requests in order, feeding a payload's hasher (by the request's
+    transfer): how many went out in full, and the failure."""
     sent = 0
     try:
-        for frame, payload, _ in requests:
+        for frame, payload, covered in requests:
             sock.sendall(frame)
             if payload is not None:
-                sock.sendall(payload)
+                write_hashed(sock.sendall, payload, hashers[covered[0]])
             sent += 1
     except OSError as exc:
         return sent, exc

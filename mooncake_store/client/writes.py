@@ -23,6 +23,7 @@ from mooncake_store.client.steps import (
     checksum,
     copy_checksum,
 )
+from mooncake_store.client.transport import Hasher
 from mooncake_store.client.types import PutPlan, PutResult, PutSpec, ReplicaLocation
 from mooncake_store.common.errors import (
     DataPathError,
@@ -168,6 +169,7 @@ class WriteFlows(LocalPools):
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""
         yield MapPools([loc for p in pending for loc in p.plan.replicas])  # type: ignore[union-attr]
         remote: list[tuple[_Pending, ReplicaLocation]] = []
+        unhashed: list[_Pending] = []
         for p in pending:
             assert p.plan is not None
             p.failed = []
@@ -180,10 +182,18 @@ class WriteFlows(LocalPools):
                 self._copy_into(p, loc, pool, hash_it=not hashed)
                 hashed = True
             if not hashed:
-                p.checksum = checksum(p.value)
+                unhashed.append(p)
         if remote:
-            results = yield Transfers([Transfer(Op.WRITE, loc, p.value) for p, loc in remote])
-            for (p, loc), err in zip(remote, results, strict=True):
+            # A value no same-host copy hashed is hashed by its first TCP write, piece by
+            # piece as it goes out (see Transfer).
+            hashers: dict[int, Hasher] = {id(p): Hasher() for p in unhashed}
+            writes = [
+                Transfer(Op.WRITE, loc, p.value, hashers.pop(id(p), None)) for p, loc in remote
+            ]
+            results = yield Transfers(writes)
+            for (p, loc), write, err in zip(remote, writes, results, strict=True):
+                if write.hasher is not None:  # complete only if every byte went out
+                    p.checksum = write.hasher.intdigest() if err is None else checksum(p.value)
                 if err is None:
                     self.counters["tcp_writes"] += 1
                     continue

@@ -380,10 +380,10 @@ def test_node_serves_readv_and_refuses_it_whole(tmp_path):
             assert status == 0 and body == values["readv/0"]
 
 
-def test_transports_hash_reads_as_they_land(tmp_path):
+def test_transports_hash_transfers_as_bytes_move(tmp_path):
     """Both TCP transports feed a read's hasher the bytes it receives, for a lone READ, the
-    extents of a READV, and a READV refused whole and retried item by item: the digest is
-    the checksum of exactly the bytes delivered."""
+    extents of a READV, and a READV refused whole and retried item by item, and a write's
+    hasher the payload it sends: the digest is the checksum of exactly those bytes."""
     from dataclasses import replace
 
     import xxhash
@@ -446,3 +446,37 @@ def test_transports_hash_reads_as_they_land(tmp_path):
                 pool.close()
 
         asyncio.run(over_the_pool())
+
+        payload = memoryview(os.urandom((5 << 20) + 77))  # pieces of 1 MiB and a short one
+        digest = xxhash.xxh3_64_intdigest(payload)
+        nodes = BlockingNodeConnections(timeout_s=5)
+        try:
+            hasher = Hasher()
+            nodes.exchange(put_start(master, "hash/w1", len(payload)).replicas[0], Op.WRITE,
+                           payload, hasher=hasher)  # fmt: skip
+            assert hasher.intdigest() == digest
+            hashers = [Hasher(), None]
+            targets = [put_start(master, f"hash/w{i}", len(payload)).replicas[0] for i in (2, 3)]
+            assert nodes.exchange_many([(t, Op.WRITE, payload) for t in targets], hashers) == [
+                None,
+                None,
+            ]
+            assert hashers[0].intdigest() == digest
+        finally:
+            nodes.close()
+
+        lone, batched = (put_start(master, f"hash/w{i}", len(payload)).replicas[0] for i in (4, 5))
+
+        async def write_over_the_pool() -> None:
+            pool = TcpPool(timeout_s=5)
+            try:
+                hasher = Hasher()
+                await pool.exchange(lone, Op.WRITE, payload, hasher=hasher)
+                assert hasher.intdigest() == digest
+                hashers = [Hasher()]
+                assert await pool.exchange_many([(batched, Op.WRITE, payload)], hashers) == [None]
+                assert hashers[0].intdigest() == digest
+            finally:
+                pool.close()
+
+        asyncio.run(write_over_the_pool())
