@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import NamedTuple
 
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
@@ -50,7 +46,17 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.allocator import ExtentAllocator
+from mooncake_store.master.columns import (
+    COMMITTING,
+    COMPLETE,
+    FREE,
+    MAX_U32,
+    NO_SEGMENT,
+    PROCESSING,
+    ObjectColumns,
+)
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
+from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
 from mooncake_store.master.segments import (
     NodeInfo,
@@ -62,172 +68,6 @@ from mooncake_store.master.segments import (
 
 MAX_FINGERPRINT_BYTES = 64
 MAX_TAG_BYTES = 256
-
-
-class ObjectState(Enum):
-    PROCESSING = 1
-    COMMITTING = 2
-    COMPLETE = 3
-
-
-@dataclass(slots=True)
-class Replica:
-    segment_id: int
-    offset: int
-
-
-class _Cold:
-    """The fields of ObjectMeta that almost every block leaves at their defaults."""
-
-    __slots__ = ("hold_until_s", "moving", "pin_until_s", "slow_reads", "tag", "wanted_replicas")
-
-    hold_until_s: float
-    moving: bool
-    pin_until_s: float
-    slow_reads: int
-    tag: bytes
-    wanted_replicas: int
-
-    def __init__(self) -> None:
-        for name, default in _COLD_DEFAULTS.items():
-            setattr(self, name, default)
-
-
-_COLD_DEFAULTS: dict[str, object] = {
-    "tag": b"",
-    "pin_until_s": 0.0,
-    "moving": False,
-    "slow_reads": 0,
-    "wanted_replicas": 1,
-    "hold_until_s": 0.0,
-}
-
-
-class _ColdField:
-    """An ObjectMeta attribute kept in its `_cold` sidecar, created on the first write of a
-    value other than the default: 48 bytes less per block for the blocks that never need it."""
-
-    def __init__(self, default: object) -> None:
-        self.default = default
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, meta: ObjectMeta | None, owner: type | None = None) -> Any:
-        if meta is None:
-            return self
-        cold = meta._cold
-        return self.default if cold is None else getattr(cold, self.name)
-
-    def __set__(self, meta: ObjectMeta, value: object) -> None:
-        cold = meta._cold
-        if cold is None:
-            if value == self.default:
-                return
-            cold = meta._cold = _Cold()
-        setattr(cold, self.name, value)
-
-
-class ObjectMeta:
-    """One object's metadata as a standalone record: a snapshot of a table entry, a record
-    loaded from RocksDB, or one to restore.  The table itself keeps its objects in columns
-    (see ObjectTable); the fields most records leave at their defaults live in a sidecar
-    object made on demand."""
-
-    __slots__ = (
-        "_cold", "_replicas", "access_count", "checksum", "created_s", "fingerprint", "key",
-        "last_access_s", "lease_until_s", "parent_key", "size_bytes", "state",
-        "window_reads", "window_start_s",
-    )  # fmt: skip
-
-    _replicas: Replica | tuple[Replica, ...]
-    tag = _ColdField(b"")
-    pin_until_s = _ColdField(0.0)
-    moving = _ColdField(False)
-    slow_reads = _ColdField(0)  # reads served only from a persistent tier since it got there
-    wanted_replicas = _ColdField(1)  # what the put asked for: re-replication restores it
-    hold_until_s = _ColdField(0.0)  # a node-to-node copy reads the source until then
-
-    def __init__(
-        self,
-        key: str,
-        size_bytes: int,
-        state: ObjectState,
-        replicas: tuple[Replica, ...],
-        *,
-        checksum: int = 0,
-        created_s: float = 0.0,
-        lease_until_s: float = 0.0,
-        access_count: int = 0,
-        last_access_s: float = 0.0,
-        fingerprint: bytes = b"",
-        parent_key: str = "",
-        tag: bytes = b"",
-        pin_until_s: float = 0.0,
-        moving: bool = False,
-        slow_reads: int = 0,
-        wanted_replicas: int = 1,
-        window_start_s: float = 0.0,  # hot-block detection: reads since window_start_s
-        window_reads: int = 0,
-        hold_until_s: float = 0.0,
-    ) -> None:
-        self.key = key
-        self.size_bytes = size_bytes
-        self.state = state
-        self.replicas = replicas
-        self.checksum = checksum
-        self.created_s = created_s
-        self.lease_until_s = lease_until_s
-        self.access_count = access_count
-        self.last_access_s = last_access_s
-        self.fingerprint = fingerprint
-        self.parent_key = parent_key
-        self.window_start_s = window_start_s
-        self.window_reads = window_reads
-        self._cold: _Cold | None = None
-        self.tag = tag
-        self.pin_until_s = pin_until_s
-        self.moving = moving
-        self.slow_reads = slow_reads
-        self.wanted_replicas = wanted_replicas
-        self.hold_until_s = hold_until_s
-
-    @property
-    def replicas(self) -> tuple[Replica, ...]:
-        r = self._replicas
-        return (r,) if type(r) is Replica else r  # type: ignore[return-value]
-
-    @replicas.setter
-    def replicas(self, replicas: tuple[Replica, ...]) -> None:
-        # Almost every block has one replica: keep it without a tuple (48 bytes a block).
-        self._replicas = replicas[0] if len(replicas) == 1 else tuple(replicas)
-
-    def _fields(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) for name in _FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ObjectMeta):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable
-
-    def __repr__(self) -> str:
-        body = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
-        return f"ObjectMeta({body})"
-
-    @property
-    def protected_until_s(self) -> float:
-        """Readers' leases and copies in flight keep the extents until then."""
-        return max(self.lease_until_s, self.hold_until_s)
-
-
-_FIELDS = (
-    "key", "size_bytes", "state", "replicas", "checksum", "created_s", "lease_until_s",
-    "access_count", "last_access_s", "fingerprint", "parent_key", *_COLD_DEFAULTS,
-    "window_start_s", "window_reads",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,23 +115,9 @@ class ReadResult(NamedTuple):
     live: list[tuple[Segment, Replica]]
 
 
-_NO_SEGMENT = 0  # segment ids are never 0 (SegmentInfo refuses it)
-_FREE, _PROCESSING, _COMMITTING, _COMPLETE = 0, 1, 2, 3
-_STATE_OF = (None, ObjectState.PROCESSING, ObjectState.COMMITTING, ObjectState.COMPLETE)
-_MAX_U32 = 0xFFFFFFFF
-
-
-class ObjectTable:
-    """Every object's metadata, in columns.
-
-    A big master holds ~10M blocks, and a Python object costs ~50-150 bytes before its fields
-    (each float or large int is an object of its own, too).  So an object is a slot number
-    (`_slot[key]`), and its fields live in flat arrays indexed by it: ~100 bytes a block
-    instead of ~500.  Fields that almost every block leaves at their defaults (tag, pin, a
-    move in progress, ...) live in a `_Cold` sidecar made on demand, and an object with other
-    than one replica keeps its replicas in `_more`.  Callers outside get `ObjectMeta`
-    snapshots (`get`, `put_end`, `take_dirty`); they never hold a slot.
-    """
+class ObjectTable(ObjectColumns):
+    """Every object, node and segment of the master, and the rules between them (see the
+    module docstring); the objects' fields are stored in columns (`ObjectColumns`)."""
 
     def __init__(
         self,
@@ -307,26 +133,7 @@ class ObjectTable:
         self._hot_window_s = config.hot_window_s
         self._hot_reads = config.hot_reads
         self._started_s = clock()
-        # One slot per object; a freed slot is reused.
-        self._slot: dict[str, int] = {}
-        self._free_slots: list[int] = []
-        self._key: list[str | None] = []
-        self._state = array("B")
-        self._size = array("Q")
-        self._checksum = array("Q")
-        self._created = array("d")
-        self._lease = array("d")
-        self._reads = array("I")  # access_count (saturates)
-        self._last_read = array("d")
-        self._window_start = array("d")  # hot-block detection: reads since then
-        self._window_reads = array("I")
-        self._wanted = array("B")  # replicas the put asked for: re-replication restores it
-        self._segment = array("Q")  # the one replica's segment; _NO_SEGMENT: see _more
-        self._offset = array("Q")
-        self._fingerprint: list[bytes] = []  # interned: a cluster has a handful
-        self._parent: list[str] = []  # the parent's own key string when it is stored
-        self._more: dict[int, tuple[Replica, ...]] = {}  # slot -> replicas, when not one
-        self._cold: dict[int, _Cold] = {}
+        super().__init__()
         self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
@@ -349,121 +156,7 @@ class ObjectTable:
             0,
         )  # fmt: skip
 
-    # ---- slots ------------------------------------------------------------------------------
-
-    def _new_slot(
-        self,
-        key: str,
-        size_bytes: int,
-        state: int,
-        replicas: tuple[Replica, ...],
-        *,
-        checksum: int = 0,
-        created_s: float = 0.0,
-        fingerprint: bytes = b"",
-        parent_key: str = "",
-        wanted_replicas: int = 1,
-    ) -> int:
-        if self._free_slots:
-            slot = self._free_slots.pop()
-            self._key[slot] = key
-            self._state[slot] = state
-            self._size[slot] = size_bytes
-            self._checksum[slot] = checksum
-            self._created[slot] = created_s
-            self._lease[slot] = 0.0
-            self._reads[slot] = 0
-            self._last_read[slot] = 0.0
-            self._window_start[slot] = 0.0
-            self._window_reads[slot] = 0
-            self._wanted[slot] = min(wanted_replicas, 255)
-            self._fingerprint[slot] = fingerprint
-            self._parent[slot] = parent_key
-        else:
-            slot = len(self._key)
-            self._key.append(key)
-            self._state.append(state)
-            self._size.append(size_bytes)
-            self._checksum.append(checksum)
-            self._created.append(created_s)
-            self._lease.append(0.0)
-            self._reads.append(0)
-            self._last_read.append(0.0)
-            self._window_start.append(0.0)
-            self._window_reads.append(0)
-            self._wanted.append(min(wanted_replicas, 255))
-            self._segment.append(_NO_SEGMENT)
-            self._offset.append(0)
-            self._fingerprint.append(fingerprint)
-            self._parent.append(parent_key)
-        self._slot[key] = slot
-        self._set_replicas(slot, replicas)
-        return slot
-
-    def _release_slot(self, slot: int) -> None:
-        """Forget the object in `slot` (its extents and policy entries are already gone)."""
-        key = self._key[slot]
-        assert key is not None
-        del self._slot[key]
-        self._pending.pop(key, None)
-        self._key[slot] = None
-        self._state[slot] = _FREE
-        self._segment[slot] = _NO_SEGMENT
-        self._fingerprint[slot] = b""
-        self._parent[slot] = ""
-        self._more.pop(slot, None)
-        self._cold.pop(slot, None)
-        self._free_slots.append(slot)
-
-    def _replicas(self, slot: int) -> tuple[Replica, ...]:
-        segment_id = self._segment[slot]
-        if segment_id == _NO_SEGMENT:
-            return self._more.get(slot, ())
-        return (Replica(segment_id, self._offset[slot]),)
-
-    def _set_replicas(self, slot: int, replicas: tuple[Replica, ...]) -> None:
-        if len(replicas) == 1:
-            self._segment[slot] = replicas[0].segment_id
-            self._offset[slot] = replicas[0].offset
-            self._more.pop(slot, None)
-        else:
-            self._segment[slot] = _NO_SEGMENT
-            self._more[slot] = tuple(replicas)
-
-    def _cold_get(self, slot: int, name: str) -> Any:
-        cold = self._cold.get(slot)
-        return _COLD_DEFAULTS[name] if cold is None else getattr(cold, name)
-
-    def _cold_set(self, slot: int, name: str, value: object) -> None:
-        cold = self._cold.get(slot)
-        if cold is None:
-            if value == _COLD_DEFAULTS[name]:
-                return
-            cold = self._cold[slot] = _Cold()
-        setattr(cold, name, value)
-
-    def _protected_until(self, slot: int) -> float:
-        cold = self._cold.get(slot)
-        lease = self._lease[slot]
-        return lease if cold is None else max(lease, cold.hold_until_s)
-
-    def _snapshot(self, slot: int) -> ObjectMeta:
-        key = self._key[slot]
-        assert key is not None
-        meta = ObjectMeta(
-            key, self._size[slot], _STATE_OF[self._state[slot]], self._replicas(slot),  # type: ignore[arg-type]
-            checksum=self._checksum[slot], created_s=self._created[slot],
-            lease_until_s=self._lease[slot], access_count=self._reads[slot],
-            last_access_s=self._last_read[slot], fingerprint=self._fingerprint[slot],
-            parent_key=self._parent[slot], wanted_replicas=self._wanted[slot],
-            window_start_s=self._window_start[slot], window_reads=self._window_reads[slot],
-        )  # fmt: skip
-        cold = self._cold.get(slot)
-        if cold is not None:
-            for name in _COLD_DEFAULTS:
-                if name != "wanted_replicas":
-                    setattr(meta, name, getattr(cold, name))
-        return meta
+    # ---- the eviction policy's view ---------------------------------------------------------
 
     def _parent_slot(self, slot: int) -> int:
         """The slot of this block's prefix parent, for the eviction policy."""
@@ -478,20 +171,6 @@ class ObjectTable:
         key = self._key[slot]
         assert key is not None
         self.policy.insert(slot, segment_id, parent=self._parent_slot(slot), key=key)
-
-    def _slots_in(self, segment_id: int) -> list[int]:
-        """Every slot with a replica in `segment_id` (one pass over the column)."""
-        found: list[int] = []
-        if len(self._segment):
-            column = np.frombuffer(self._segment, dtype=np.uint64)
-            found = np.flatnonzero(column == np.uint64(segment_id)).tolist()
-            del column  # release the buffer: the array may grow again
-        found += [
-            slot
-            for slot, replicas in self._more.items()
-            if any(r.segment_id == segment_id for r in replicas)
-        ]
-        return found
 
     # ---- nodes and segments -----------------------------------------------------------------
 
@@ -557,7 +236,7 @@ class ObjectTable:
     def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
         slot = self._slot.get(item.key)
         if slot is not None and (
-            self._state[slot] != _COMPLETE
+            self._state[slot] != COMPLETE
             or self._checksum[slot] != item.checksum
             or self._size[slot] != item.size_bytes
             or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
@@ -569,7 +248,7 @@ class ObjectTable:
         if slot is None:
             parent = self._slot.get(item.parent_key) if item.parent_key else None
             slot = self._new_slot(
-                item.key, item.size_bytes, _COMPLETE, (), checksum=item.checksum,
+                item.key, item.size_bytes, COMPLETE, (), checksum=item.checksum,
                 created_s=self._clock(), fingerprint=self._intern_fingerprint(item.fingerprint),
                 parent_key=item.parent_key if parent is None else self._key[parent],  # type: ignore[arg-type]
             )  # fmt: skip
@@ -675,7 +354,7 @@ class ObjectTable:
         )  # fmt: skip
         slot = self._slot.get(key)
         if slot is not None:
-            if self._state[slot] != _COMPLETE:
+            if self._state[slot] != COMPLETE:
                 raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
             if any(r.segment_id in self._segments for r in self._replicas(slot)):
                 stored = self._fingerprint[slot]
@@ -725,7 +404,7 @@ class ObjectTable:
             seg.objects += 1
             placements.append((seg, Replica(seg.segment_id, offset)))
         slot = self._new_slot(
-            key, size_bytes, _PROCESSING, tuple(r for _, r in placements), created_s=now,
+            key, size_bytes, PROCESSING, tuple(r for _, r in placements), created_s=now,
             fingerprint=fingerprint, parent_key=parent_key, wanted_replicas=wanted,
         )  # fmt: skip
         self._cold_set(slot, "tag", tag)
@@ -761,7 +440,7 @@ class ObjectTable:
         return slot is not None and self._evictable(slot)
 
     def _evictable(self, slot: int) -> bool:
-        if self._state[slot] != _COMPLETE:
+        if self._state[slot] != COMPLETE:
             return False
         now = self._clock()
         cold = self._cold.get(slot)
@@ -805,7 +484,7 @@ class ObjectTable:
             InvalidValueError: the checksum is not a 64-bit unsigned value.
         """
         slot = self._slot.get(key)
-        if slot is None or self._state[slot] != _PROCESSING:
+        if slot is None or self._state[slot] != PROCESSING:
             raise ObjectNotFoundError(
                 f"no put of {key!r} is pending: it was revoked, timed out or never started"
             )
@@ -821,7 +500,7 @@ class ObjectTable:
             self.counters["puts_revoked"] += 1
             raise ReplicaUnavailableError(f"no replica of {key!r} was written; the put is revoked")
         self._checksum[slot] = checksum
-        self._state[slot] = _COMMITTING
+        self._state[slot] = COMMITTING
         self._pending.pop(key, None)
         return self._snapshot(slot)
 
@@ -836,9 +515,9 @@ class ObjectTable:
             ReplicaUnavailableError: every replica's node died while it was being persisted.
         """
         slot = self._slot.get(key)
-        if slot is None or self._state[slot] != _COMMITTING:
+        if slot is None or self._state[slot] != COMMITTING:
             raise ReplicaUnavailableError(f"every replica of {key!r} was lost while committing")
-        self._state[slot] = _COMPLETE
+        self._state[slot] = COMPLETE
         replicas = self._replicas(slot)
         for r in replicas:
             self._cache(slot, r.segment_id)
@@ -857,7 +536,7 @@ class ObjectTable:
         slot = self._slot.get(key)
         if slot is None:
             raise ObjectNotFoundError(f"no put of {key!r} is pending")
-        if self._state[slot] == _COMPLETE:
+        if self._state[slot] == COMPLETE:
             raise ObjectBusyError(f"{key!r} is already committed; remove it instead of revoking")
         self._delete(slot, 0.0)
         self.counters["puts_revoked"] += 1
@@ -873,7 +552,7 @@ class ObjectTable:
             ReplicaUnavailableError: the object's nodes are not mounted (yet).
         """
         slot = self._slot.get(key)
-        if slot is None or self._state[slot] != _COMPLETE:
+        if slot is None or self._state[slot] != COMPLETE:
             raise ObjectNotFoundError(f"no object under key {key!r}")
         if fingerprint and self._fingerprint[slot] != fingerprint:
             stored = self._fingerprint[slot].hex() or "none"
@@ -883,7 +562,7 @@ class ObjectTable:
                 "it is not served"
             )
         segment_id = self._segment[slot]
-        if segment_id != _NO_SEGMENT:  # almost every block: one replica, no comprehension
+        if segment_id != NO_SEGMENT:  # almost every block: one replica, no comprehension
             seg = self._segments.get(segment_id)
             live = [(seg, Replica(segment_id, self._offset[slot]))] if seg is not None else []
             slow = seg is not None and seg.persistent
@@ -902,13 +581,13 @@ class ObjectTable:
         else:
             lease = leases[slot]
         reads = self._reads[slot]
-        if reads < _MAX_U32:
+        if reads < MAX_U32:
             self._reads[slot] = reads + 1
         self._last_read[slot] = now
         window_reads = self._window_reads[slot] + 1
         if now - self._window_start[slot] > self._hot_window_s:
             self._window_start[slot], window_reads = now, 1
-        self._window_reads[slot] = min(window_reads, _MAX_U32)
+        self._window_reads[slot] = min(window_reads, MAX_U32)
         if self._hot_reads and window_reads >= self._hot_reads:
             self.hot_keys.add(key)
         if slow:  # served only from a persistent tier
@@ -933,10 +612,10 @@ class ObjectTable:
     def exists(self, key: str) -> bool:
         """True when `key` is committed and readable.  Does not count as an access."""
         slot = self._slot.get(key)
-        if slot is None or self._state[slot] != _COMPLETE:
+        if slot is None or self._state[slot] != COMPLETE:
             return False
         segment_id = self._segment[slot]
-        if segment_id != _NO_SEGMENT:
+        if segment_id != NO_SEGMENT:
             return segment_id in self._segments
         return any(r.segment_id in self._segments for r in self._more[slot])
 
@@ -969,7 +648,7 @@ class ObjectTable:
         slot = self._slot.get(key)
         if slot is None:
             raise ObjectNotFoundError(f"no object under key {key!r}")
-        if self._state[slot] != _COMPLETE:
+        if self._state[slot] != COMPLETE:
             raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
         self._delete(slot, self._protected_until(slot))
         self.counters["removes"] += 1
@@ -1010,7 +689,7 @@ class ObjectTable:
             slot = self._slot.get(key)
             if slot is None:
                 out.deletes.append(key)
-            elif alive and self._state[slot] == _COMPLETE:
+            elif alive and self._state[slot] == COMPLETE:
                 out.puts.append(self._snapshot(slot))
         self._dirty.clear()
         return out
@@ -1075,7 +754,7 @@ class ObjectTable:
         size_bytes = self._moves.pop((dst.segment_id, offset), 0)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         valid = (
-            slot is not None and self._cold_get(slot, "moving") and self._state[slot] == _COMPLETE
+            slot is not None and self._cold_get(slot, "moving") and self._state[slot] == COMPLETE
         )
         if slot is not None:
             self._cold_set(slot, "moving", False)
@@ -1123,7 +802,7 @@ class ObjectTable:
             if old is not None:
                 self._release_slot(old)
             slot = self._new_slot(
-                meta.key, meta.size_bytes, _COMPLETE, meta.replicas, checksum=meta.checksum,
+                meta.key, meta.size_bytes, COMPLETE, meta.replicas, checksum=meta.checksum,
                 created_s=meta.created_s, fingerprint=self._intern_fingerprint(meta.fingerprint),
                 parent_key=meta.parent_key, wanted_replicas=meta.wanted_replicas,
             )  # fmt: skip
@@ -1142,21 +821,6 @@ class ObjectTable:
                 self._parent[slot] = self._key[parent]  # type: ignore[assignment]
         return count
 
-    def _states(self) -> np.ndarray:
-        return np.frombuffer(self._state, dtype=np.uint8) if len(self._state) else np.zeros(0)
-
-    def object_count(self) -> int:
-        return int(np.count_nonzero(self._states() == _COMPLETE))
-
-    def pending_count(self) -> int:
-        return len(self._slot) - self.object_count()
-
-    def bytes_stored(self) -> int:
-        if not len(self._size):
-            return 0
-        sizes = np.frombuffer(self._size, dtype=np.uint64)
-        return int(sizes[self._states() == _COMPLETE].sum())
-
     def validate(self) -> None:
         """Check cross-structure invariants (used by tests)."""
         per_segment: dict[int, list[tuple[int, int]]] = {}  # extents held by replicas
@@ -1164,7 +828,7 @@ class ObjectTable:
             assert self._key[slot] == key
             replicas = self._replicas(slot)
             assert replicas, f"{key!r} has no replicas"
-            assert (key in self._pending) == (self._state[slot] == _PROCESSING)
+            assert (key in self._pending) == (self._state[slot] == PROCESSING)
             assert len({r.segment_id for r in replicas}) == len(replicas)
             assert (slot in self._more) == (len(replicas) != 1)
             for r in replicas:
@@ -1178,7 +842,7 @@ class ObjectTable:
             "free slots out of step with the key column"
         )
         for slot in self._free_slots:
-            assert self._state[slot] == _FREE and slot not in self._more
+            assert self._state[slot] == FREE and slot not in self._more
         moves: dict[int, list[tuple[int, int]]] = {}  # extents of copies in flight
         for (segment_id, offset), size_bytes in self._moves.items():
             if (seg := self._segments.get(segment_id)) is not None:
@@ -1258,9 +922,11 @@ class ObjectTable:
 
     def _delete(self, slot: int, free_at_s: float) -> None:
         key = self._key[slot]
+        assert key is not None
         self._free(slot, self._replicas(slot), free_at_s)
         self._release_slot(slot)
-        self._dirty.pop(key, None)  # type: ignore[arg-type]
+        self._pending.pop(key, None)
+        self._dirty.pop(key, None)
 
     def _drop_node(self, node_id: str, result: TickResult) -> None:
         state = self._nodes.pop(node_id, None)
@@ -1287,13 +953,14 @@ class ObjectTable:
             self._set_replicas(slot, replicas)
             self.counters["replicas_dropped"] += 1
             if replicas:
-                if self._state[slot] == _COMPLETE:
+                if self._state[slot] == COMPLETE:
                     self._dirty[key] = True
                     if len(replicas) < self._wanted[slot]:
                         self.under_replicated.add(key)
                 continue
-            committed = self._state[slot] != _PROCESSING
+            committed = self._state[slot] != PROCESSING
             self._release_slot(slot)
+            self._pending.pop(key, None)
             if committed:
                 self._dirty.pop(key, None)
                 result.deleted_keys.append(key)

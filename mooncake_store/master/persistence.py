@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
+from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 
 _PREFIX = b"o/"
 # version, size, checksum, created, replica count, fingerprint / parent key / tag lengths,

@@ -26,7 +26,8 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.grant import GrantMode, sign
 from mooncake_store.master.config import MasterConfig
-from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
+from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
 from mooncake_store.master.segments import NodeInfo, Segment, SegmentInfo, Tier

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from mooncake_store.master.object_table import ObjectMeta, ObjectTable, Replica
+from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.segments import Segment, Tier
 
 

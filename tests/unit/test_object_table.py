@@ -12,13 +12,8 @@ from mooncake_store.common.errors import (
     ObjectNotFoundError,
     ReplicaUnavailableError,
 )
-from mooncake_store.master.object_table import (
-    ObjectMeta,
-    ObjectState,
-    ObjectTable,
-    Replica,
-    TableConfig,
-)
+from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 
 MiB = 1 << 20

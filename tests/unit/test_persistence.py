@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from mooncake_store.master.object_table import ObjectMeta, ObjectState, Replica
+from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 from mooncake_store.master.persistence import MetadataStore, decode_object, encode_object
 
 
