@@ -152,6 +152,7 @@ class WeightedPolicy(EvictionPolicy):
         n = slot + 1 - len(self._segment)
         if n <= 0:
             return
+        n = max(n, len(self._segment) // 16, 256)  # in steps: one extend per column per step
         self._segment.frombytes(bytes(8 * n))
         zeros = bytes(4 * n)
         self._reads.frombytes(zeros)
