@@ -9,6 +9,10 @@ measures:
   mooncake-shm   Mooncake Store, dummy client -> real client over shared memory (put_from/get_into)
   mooncake-tcp   Mooncake Store, segment in a second process, TCP transport (put_from/get_into)
   redis          redis-server with redis-py + hiredis (SET/GET)
+and, when asked for (not by default):
+  ours-shm-nosync, ours-tcp-nosync   ours against a second master run with --no-sync-commits
+                 (commits reach RocksDB's log but are not fsync'd: what a put costs without the
+                 durable commit that Mooncake's in-memory master never makes)
 Ours are measured here (one Client per thread); the peers run through the peer harness in
 `../shared/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
 that is not installed is skipped, and the script says so.  Prints a table with our/peer ratios,
@@ -25,6 +29,7 @@ its N measurements (runs on these VMs differ by about 30%).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -48,19 +53,24 @@ from mooncake_store.cluster import LocalCluster  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
 ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp"]
+NOSYNC = ["ours-shm-nosync", "ours-tcp-nosync"]  # opt-in
+KNOWN = ALL + NOSYNC
 PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
          "redis": ("redis", None)}  # fmt: skip
 HARNESS = ROOT.parent / "shared" / "peers" / "bench_peers.py"
 PEERS_PY = ROOT / ".peers-venv" / "bin" / "python"
 
 
-def ours(master: str, size: int, count: int, max_s: float, threads: int, shm: bool) -> dict:
+def ours(
+    master: str, size: int, count: int, max_s: float, threads: int, shm: bool, system: str
+) -> dict:
     """Our store with `threads` client threads sharing one Client (as the peers' harness shares
     one Mooncake client), each with its own buffers and keys; every phase starts together."""
     if threads == 1:
-        return bench.bench_store(master, size, count, max_s, local_shm=shm)
+        rec = bench.bench_store(master, size, count, max_s, local_shm=shm)
+        rec["system"] = system
+        return rec
     per = max(1, count // threads)
-    system = "ours-shm" if shm else "ours-tcp"
     with Client(master, local_shm=shm) as store:
         keys = [[f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
                 for t in range(threads)]  # fmt: skip
@@ -150,12 +160,15 @@ def medians(records: list[dict]) -> list[dict]:
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'size':>5} {'thr':>3} {'system':<13} {'put GB/s':>9} {'get GB/s':>9} "
+    lines = [f"{'size':>5} {'thr':>3} {'system':<16} {'put GB/s':>9} {'get GB/s':>9} "
              f"{'put p50us':>9} {'get p50us':>9}  ours/peer (put, get)"]  # fmt: skip
     index = {(r["system"], r["size_bytes"], r["threads"]): r for r in records}
     pairs = {"mooncake-shm": "ours-shm", "mooncake-tcp": "ours-tcp", "redis": "ours-shm",
              "memcpy": "ours-shm", "tcp": "ours-tcp"}  # fmt: skip
-    for r in sorted(records, key=lambda r: (r["size_bytes"], r["threads"], ALL.index(r["system"]))):
+    peer_of = {"ours-shm-nosync": "mooncake-shm", "ours-tcp-nosync": "mooncake-tcp"}
+    for r in sorted(
+        records, key=lambda r: (r["size_bytes"], r["threads"], KNOWN.index(r["system"]))
+    ):
         size = r["size_bytes"]
         label = f"{size >> 20}M" if size >= 1 << 20 else f"{size >> 10}K"
         ratio = ""
@@ -163,7 +176,11 @@ def table(records: list[dict]) -> str:
         if mine is not None and r["put_gbps"] and r["get_gbps"]:
             ratio = (f"{mine['system']}: {mine['put_gbps'] / r['put_gbps']:.2f}x, "
                      f"{mine['get_gbps'] / r['get_gbps']:.2f}x")  # fmt: skip
-        lines.append(f"{label:>5} {r['threads']:>3} {r['system']:<13} {r['put_gbps']:>9.2f} "
+        peer = index.get((peer_of.get(r["system"], ""), size, r["threads"]))
+        if peer is not None and peer["put_gbps"] and peer["get_gbps"]:
+            ratio = (f"vs {peer['system']}: {r['put_gbps'] / peer['put_gbps']:.2f}x, "
+                     f"{r['get_gbps'] / peer['get_gbps']:.2f}x")  # fmt: skip
+        lines.append(f"{label:>5} {r['threads']:>3} {r['system']:<16} {r['put_gbps']:>9.2f} "
                      f"{r['get_gbps']:>9.2f} {r['put_p50_us']:>9.0f} {r['get_p50_us']:>9.0f}  "
                      f"{ratio}")  # fmt: skip
     return "\n".join(lines)
@@ -180,7 +197,7 @@ def plot(records: list[dict], path: str) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, op in zip(axes, ("put", "get"), strict=True):
-        for system in ALL:
+        for system in KNOWN:
             rs = sorted((r for r in records if r["system"] == system and r["threads"] == 1),
                         key=lambda r: r["size_bytes"])  # fmt: skip
             if rs:
@@ -216,23 +233,33 @@ def main() -> None:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in ALL]
+    unknown = [s for s in systems if s not in KNOWN]
     if unknown:
-        parser.error(f"unknown systems {unknown}; choose from {','.join(ALL)}")
+        parser.error(f"unknown systems {unknown}; choose from {','.join(KNOWN)}")
     total = args.total_mib << 20
     records: list[dict] = []
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mooncake-compare-") as tmp:
         dram = f"{max(2 * total + (64 << 20), max(sizes) * 16) >> 20}MiB"
-        with LocalCluster(tmp, nodes=1, dram=dram, master_args=["--lease-ttl", "1s"]) as cluster:
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(
+                LocalCluster(f"{tmp}/sync", nodes=1, dram=dram, master_args=["--lease-ttl", "1s"])
+            )
+            ours_systems = [(s, s == "ours-shm", cluster) for s in ("ours-shm", "ours-tcp")]
+            if any(s in systems for s in NOSYNC):
+                unsynced = stack.enter_context(
+                    LocalCluster(f"{tmp}/nosync", nodes=1, dram=dram,
+                                 master_args=["--lease-ttl", "1s", "--no-sync-commits"])
+                )  # fmt: skip
+                ours_systems += [(s, s == "ours-shm-nosync", unsynced) for s in NOSYNC]
             for run in range(args.runs):
                 for size in sizes:
                     count = max(1, min(args.max_ops, total // size))
                     for t in threads:
-                        for system, shm in (("ours-shm", True), ("ours-tcp", False)):
+                        for system, shm, where in ours_systems:
                             if system in systems:
-                                records.append(ours(cluster.master_address, size, count,
-                                                    args.max_seconds, t, shm))  # fmt: skip
+                                records.append(ours(where.master_address, size, count,
+                                                    args.max_seconds, t, shm, system))  # fmt: skip
                     if "memcpy" in systems:
                         records.append(bench.bench_memcpy(size, count, args.max_seconds))
                     if "tcp" in systems:
