@@ -140,7 +140,7 @@ class WeightedPolicy(EvictionPolicy):
         self._segments: dict[int, tuple[int, ...]] = {}  # slot -> every segment, when > 1
         self._touched_all: dict[int, tuple[float, ...]] = {}  # clocks per segment, when > 1
         self._children: dict[int, set[int]] = {}  # slot -> children, when > 1
-        self._live = 0
+        self._in_heap: dict[int, int] = {}  # segment -> blocks in it (live heap entries)
         self._ghost: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> reads, readmits
         self._heaps: dict[int, list[int]] = {}
         self._clock: dict[int, float] = {}
@@ -173,6 +173,11 @@ class WeightedPolicy(EvictionPolicy):
         return self._segments.get(slot) or (first,)
 
     def _set_segments(self, slot: int, segments: tuple[int, ...]) -> None:
+        counts = self._in_heap
+        for segment_id in self._segments_of(slot):
+            counts[segment_id] -= 1
+        for segment_id in segments:
+            counts[segment_id] = counts.get(segment_id, 0) + 1
         self._segment[slot] = segments[0] if segments else _NONE
         if len(segments) > 1:
             self._segments[slot] = segments
@@ -222,8 +227,8 @@ class WeightedPolicy(EvictionPolicy):
         priority = clock if self._parent[slot] == LOST_PARENT else clock + value
         heap = self._heaps.setdefault(segment_id, [])
         heapq.heappush(heap, (_bits(priority) << 80) | (self._version[slot] << 32) | slot)
-        if len(heap) > 4 * self._live + 1024:
-            self._compact(segment_id)
+        if len(heap) > 2 * self._in_heap.get(segment_id, 0) + 1024:
+            self._compact(segment_id)  # stale entries (refreshed or removed blocks) at most half
 
     def _renew(self, slot: int) -> None:
         self._seq += 1  # unique across re-inserts: old entries stay stale
@@ -278,7 +283,6 @@ class WeightedPolicy(EvictionPolicy):
             else:
                 self._depth[slot] = 0
                 self._parent[slot] = NO_PARENT if parent == NO_PARENT else LOST_PARENT
-            self._live += 1
         if segment_id not in segments:
             self._set_segments(slot, (*segments, segment_id))
         self._refresh(slot)
@@ -309,7 +313,6 @@ class WeightedPolicy(EvictionPolicy):
             self._refresh(slot)
             return
         self._renew(slot)  # every entry of it is stale now
-        self._live -= 1
         parent = self._parent[slot]
         if parent >= 0:
             # The parent may now be a leaf; its heap entry stays valid and keeps its priority

@@ -209,10 +209,31 @@ def test_weighted_heaps_stay_bounded_under_rereads():
     for _ in range(50):
         for slot in range(100):
             policy.insert(slot, S0, key=f"k{slot}")  # a refresh: a new entry each
-    assert len(policy._heaps[S0]) <= 4 * 100 + 1024 + 1
+    assert len(policy._heaps[S0]) <= 2 * 100 + 1024 + 1
     seen = set()
     while (slot := policy.pick(S0, lambda s: True)) is not None:
         assert slot not in seen
         seen.add(slot)
         policy.discard(slot, S0, f"k{slot}")
     assert seen == set(range(100))
+
+
+def test_weighted_heap_of_each_segment_stays_near_its_own_size_under_churn():
+    """Removed blocks leave stale entries behind; each segment's heap is compacted against
+    its own live count, so a cluster of many segments never holds several times its blocks
+    in stale entries."""
+    policy = WeightedPolicy()
+    segments = list(range(1, 9))
+    live: dict[int, int] = {}  # slot -> segment
+    next_slot = 0
+    for _round in range(40):
+        for _ in range(500):  # put 500 new blocks, spread over the segments
+            live[next_slot] = segments[next_slot % 8]
+            policy.insert(next_slot, live[next_slot], key=f"k{next_slot}")
+            next_slot += 1
+        for slot in list(live)[:400]:  # ... and remove most of the older ones
+            policy.discard(slot, live.pop(slot), f"k{slot}")
+    for segment in segments:
+        count = sum(1 for s in live.values() if s == segment)
+        assert len(policy._heaps[segment]) <= 2 * count + 1024 + 1
+    assert sum(len(h) for h in policy._heaps.values()) < 3 * len(live) + 8 * 1025
