@@ -138,7 +138,7 @@ class ObjectTable(ObjectColumns):
         self._segments: dict[int, Segment] = {}
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
-        self._orphans: dict[int, set[str]] = {}  # unmounted segment id -> keys (after restore)
+        self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._deferred: list[tuple[float, int, int, int]] = []  # (free at, segment, offset, size)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
@@ -202,18 +202,23 @@ class ObjectTable(ObjectColumns):
             seg = Segment(info, allocator)
             self._segments[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
-            self._adopt(seg, self._orphans.pop(info.segment_id, set()), inventory)
+            restored: list[int] = []
+            if info.segment_id in self._orphans:  # its replicas came back from RocksDB
+                self._orphans.discard(info.segment_id)
+                restored = self._slots_in(info.segment_id)
+            self._adopt(seg, restored, inventory)
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now
 
     def _adopt(
-        self, seg: Segment, orphan_keys: set[str], inventory: Sequence[BlockRecord] | None
+        self, seg: Segment, restored: list[int], inventory: Sequence[BlockRecord] | None
     ) -> None:
+        """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
+        its inventory vouches for, and adopt the blocks it reports that nobody knew."""
         reported = {item.offset: item for item in inventory or ()}
-        for key in orphan_keys:
-            slot = self._slot.get(key)
-            if slot is None:
-                continue
+        for slot in restored:
+            key = self._key[slot]
+            assert key is not None
             replica = next(
                 (r for r in self._replicas(slot) if r.segment_id == seg.segment_id), None
             )
@@ -809,7 +814,8 @@ class ObjectTable(ObjectColumns):
             self._cold_set(slot, "tag", meta.tag)
             self._cold_set(slot, "pin_until_s", meta.pin_until_s)
             for replica in meta.replicas:
-                self._orphans.setdefault(replica.segment_id, set()).add(meta.key)
+                if replica.segment_id not in self._segments:
+                    self._orphans.add(replica.segment_id)
             if len(meta.replicas) < meta.wanted_replicas:
                 self.under_replicated.add(meta.key)
             if meta.parent_key:
@@ -834,7 +840,7 @@ class ObjectTable(ObjectColumns):
             for r in replicas:
                 seg = self._segments.get(r.segment_id)
                 if seg is None:
-                    assert key in self._orphans.get(r.segment_id, ()), f"{key!r}: lost replica"
+                    assert r.segment_id in self._orphans, f"{key!r}: lost replica"
                 else:
                     extent = (r.offset, seg.allocator.aligned(self._size[slot]))
                     per_segment.setdefault(r.segment_id, []).append(extent)
@@ -879,10 +885,7 @@ class ObjectTable(ObjectColumns):
         size_bytes = self._size[slot]
         for r in replicas:
             seg = self._segments.get(r.segment_id)
-            if seg is None:
-                orphan_keys = self._orphans.get(r.segment_id)
-                if orphan_keys is not None:
-                    orphan_keys.discard(key)
+            if seg is None:  # a restored replica whose segment is not back: nothing held
                 continue
             seg.objects -= 1
             self.policy.discard(slot, r.segment_id, key)
@@ -941,10 +944,8 @@ class ObjectTable(ObjectColumns):
             state = self._nodes.get(seg.node_id)
             if state is not None and segment_id in state.segment_ids:
                 state.segment_ids.remove(segment_id)
-            slots = self._slots_in(segment_id)
-        else:
-            orphan_keys = self._orphans.pop(segment_id, set())
-            slots = [s for key in orphan_keys if (s := self._slot.get(key)) is not None]
+        self._orphans.discard(segment_id)
+        slots = self._slots_in(segment_id)
         for slot in slots:
             key = self._key[slot]
             assert key is not None
