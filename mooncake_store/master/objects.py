@@ -14,8 +14,11 @@ class ObjectState(Enum):
     COMPLETE = 3
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Replica:
+    """Where one copy of an object lives.  A value: the table hands out new ones from its
+    columns, so replicas are compared by equality, never by identity."""
+
     segment_id: int
     offset: int
 
