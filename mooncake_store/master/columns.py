@@ -55,6 +55,11 @@ class ObjectColumns:
         self._parent: list[str] = []  # the parent's own key string when it is stored
         self._more: dict[int, tuple[Replica, ...]] = {}  # slot -> replicas, when not one
         self._cold: dict[int, ColdFields] = {}
+        self._numeric = (
+            self._state, self._size, self._checksum, self._created, self._lease, self._reads,
+            self._last_read, self._window_start, self._window_reads, self._wanted,
+            self._segment, self._offset,
+        )  # fmt: skip
 
     def _new_slot(
         self,
@@ -71,36 +76,26 @@ class ObjectColumns:
     ) -> int:
         if self._free_slots:
             slot = self._free_slots.pop()
-            self._key[slot] = key
-            self._state[slot] = state
-            self._size[slot] = size_bytes
-            self._checksum[slot] = checksum
-            self._created[slot] = created_s
-            self._lease[slot] = 0.0
-            self._reads[slot] = 0
-            self._last_read[slot] = 0.0
-            self._window_start[slot] = 0.0
-            self._window_reads[slot] = 0
-            self._wanted[slot] = min(wanted_replicas, 255)
-            self._fingerprint[slot] = fingerprint
-            self._parent[slot] = parent_key
-        else:
+        else:  # a new slot at the end of every column, filled in below
             slot = len(self._key)
-            self._key.append(key)
-            self._state.append(state)
-            self._size.append(size_bytes)
-            self._checksum.append(checksum)
-            self._created.append(created_s)
-            self._lease.append(0.0)
-            self._reads.append(0)
-            self._last_read.append(0.0)
-            self._window_start.append(0.0)
-            self._window_reads.append(0)
-            self._wanted.append(min(wanted_replicas, 255))
-            self._segment.append(NO_SEGMENT)
-            self._offset.append(0)
-            self._fingerprint.append(fingerprint)
-            self._parent.append(parent_key)
+            self._key.append(None)
+            self._fingerprint.append(b"")
+            self._parent.append("")
+            for column in self._numeric:
+                column.append(0)
+        self._key[slot] = key
+        self._state[slot] = state
+        self._size[slot] = size_bytes
+        self._checksum[slot] = checksum
+        self._created[slot] = created_s
+        self._lease[slot] = 0.0
+        self._reads[slot] = 0
+        self._last_read[slot] = 0.0
+        self._window_start[slot] = 0.0
+        self._window_reads[slot] = 0
+        self._wanted[slot] = min(wanted_replicas, 255)
+        self._fingerprint[slot] = fingerprint
+        self._parent[slot] = parent_key
         self._slot[key] = slot
         self._set_replicas(slot, replicas)
         return slot
