@@ -252,6 +252,14 @@ def test_bad_input(table):
         table.put_start("k", 0)
     with pytest.raises(InvalidValueError, match="larger than any node's pool"):
         table.put_start("k", 17 * MiB)
+    table.put_start("k", 10)
+    with pytest.raises(InvalidValueError, match="64-bit"):
+        table.put_end("k", -1)  # refused before anything changes: the put is still pending
+    with pytest.raises(InvalidValueError, match="64-bit"):
+        table.put_end("k", 1 << 64)
+    assert table.put_end("k", 7).checksum == 7 and table.commit_put_end("k") == 1
+    with pytest.raises(ValueError, match="segment_id"):
+        SegmentInfo(node_info("n"), 0, Tier.DRAM, MiB)  # 0 is "unset" on the wire
 
 
 def test_full_pool_evicts_and_fails_only_when_nothing_is_evictable(clock):
