@@ -1,8 +1,8 @@
 """The master's object table (pure core: no I/O, time from an injected clock).
 
 It holds every object's metadata (size, checksum, replicas, state, lease, pin, access
-statistics, identity), every node and mounted segment with its allocator, and the rules
-between them:
+statistics, identity) and the rules about objects.  The rules about nodes and their mounted
+segments (mounts, reconciliation, liveness) live in `membership.py`, a base of the table.
 
 - put_start -> PROCESSING (invisible) -> put_end -> COMMITTING (being made durable) ->
   commit_put_end -> COMPLETE (visible).  put_revoke, a failed commit, a put that outlives
@@ -13,13 +13,7 @@ between them:
   policy picks victims synchronously (never leased, pinned or pending objects), so a put fails
   with NoSpaceError only when nothing is evictable.  Tier movement (demotion, promotion) is
   planned by `tiering.py` on top of this table.
-- A node that misses heartbeats for `heartbeat_ttl_s` is dropped with its segments; an object
-  left with no replica is deleted.  A node that mounts with a new incarnation restarted: its
-  old segments are dropped, and blocks its persistent tier reports (inventory) are adopted.
-- After a master restart, committed objects come back through `restore`; their replicas wait
-  for their segment to be mounted again, which rebuilds the allocator from them (a persistent
-  segment reconciles them against the node's inventory).  Replicas whose segment does not come
-  back within `restore_grace_s` are dropped.
+- Nodes, segments and what their loss costs: see `membership.py`.
 
 Methods raise MooncakeError subclasses for per-key failures; the service turns them into
 per-key statuses.  Mutations that must reach RocksDB outside the put path (evictions, moves,
@@ -30,11 +24,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
     IdentityMismatchError,
     InvalidArgumentError,
@@ -45,7 +38,6 @@ from mooncake_store.common.errors import (
     ReplicaUnavailableError,
 )
 from mooncake_store.common.keys import validate_key
-from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.columns import (
     COMMITTING,
     COMPLETE,
@@ -53,18 +45,12 @@ from mooncake_store.master.columns import (
     MAX_U32,
     NO_SEGMENT,
     PROCESSING,
-    ObjectColumns,
 )
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
+from mooncake_store.master.membership import Membership, TickResult
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
-from mooncake_store.master.segments import (
-    NodeInfo,
-    NodeState,
-    Segment,
-    SegmentInfo,
-    Tier,
-)
+from mooncake_store.master.segments import Segment, Tier
 
 MAX_FINGERPRINT_BYTES = 64
 MAX_TAG_BYTES = 256
@@ -90,13 +76,6 @@ class PutStartOutcome:
 
 
 @dataclass(slots=True)
-class TickResult:
-    deleted_keys: list[str] = field(default_factory=list)
-    dead_nodes: list[NodeInfo] = field(default_factory=list)
-    reclaimed_puts: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class Dirty:
     """Mutations to persist: objects to (re)write and keys to delete."""
 
@@ -115,9 +94,10 @@ class ReadResult(NamedTuple):
     live: list[tuple[Segment, Replica]]
 
 
-class ObjectTable(ObjectColumns):
-    """Every object, node and segment of the master, and the rules between them (see the
-    module docstring); the objects' fields are stored in columns (`ObjectColumns`)."""
+class ObjectTable(Membership):
+    """Every object of the master and the rules about objects (see the module docstring); the
+    rules about nodes and segments are in `Membership` (membership.py), the objects' fields
+    are stored in columns (`ObjectColumns`)."""
 
     def __init__(
         self,
@@ -128,17 +108,17 @@ class ObjectTable(ObjectColumns):
     ) -> None:
         self.config = config
         self.policy = policy or LruPolicy()
-        self._clock = clock
         self._lease_ttl_s = config.lease_ttl_s  # read on every lookup: no attribute chains
         self._hot_window_s = config.hot_window_s
         self._hot_reads = config.hot_reads
-        self._started_s = clock()
-        super().__init__()
-        self._nodes: dict[str, NodeState] = {}
-        self._segments: dict[int, Segment] = {}
+        super().__init__(
+            clock=clock,
+            heartbeat_ttl_s=config.heartbeat_ttl_s,
+            restore_grace_s=config.restore_grace_s,
+            alignment=config.alignment,
+        )
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
-        self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._deferred: list[tuple[float, int, int, int]] = []  # (free at, segment, offset, size)
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
@@ -171,143 +151,6 @@ class ObjectTable(ObjectColumns):
         key = self._key[slot]
         assert key is not None
         self.policy.insert(slot, segment_id, parent=self._parent_slot(slot), key=key)
-
-    # ---- nodes and segments -----------------------------------------------------------------
-
-    def mount(
-        self,
-        node: NodeInfo,
-        segments: Sequence[tuple[SegmentInfo, Sequence[BlockRecord] | None]],
-    ) -> None:
-        """Mount a node's segments (idempotent for the same incarnation).
-
-        A new incarnation of a known node means it restarted: its old segments are dropped
-        first.  A persistent segment's inventory is reconciled with what the master knows:
-        matching replicas are kept, unknown blocks adopted, missing ones dropped.
-        """
-        now = self._clock()
-        known = self._nodes.get(node.node_id)
-        if known is not None and known.info.incarnation == node.incarnation:
-            known.last_heartbeat_s = now
-            return
-        dropped = TickResult()
-        if known is not None:
-            self._drop_node(node.node_id, dropped)
-        state = NodeState(node, now)
-        self._nodes[node.node_id] = state
-        for info, inventory in segments:
-            if info.segment_id in self._segments:  # claimed by another node: take it over
-                self._drop_segment(info.segment_id, dropped)
-            allocator = ExtentAllocator(info.size_bytes, alignment=self.config.alignment)
-            seg = Segment(info, allocator)
-            self._segments[info.segment_id] = seg
-            state.segment_ids.append(info.segment_id)
-            restored: list[int] = []
-            if info.segment_id in self._orphans:  # its replicas came back from RocksDB
-                self._orphans.discard(info.segment_id)
-                restored = self._slots_in(info.segment_id)
-            self._adopt(seg, restored, inventory)
-        for key in dropped.deleted_keys:
-            self._dirty.setdefault(key, False)  # unless adopted again just now
-
-    def _adopt(
-        self, seg: Segment, restored: list[int], inventory: Sequence[BlockRecord] | None
-    ) -> None:
-        """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
-        its inventory vouches for, and adopt the blocks it reports that nobody knew."""
-        reported = {item.offset: item for item in inventory or ()}
-        for slot in restored:
-            key = self._key[slot]
-            assert key is not None
-            replica = next(
-                (r for r in self._replicas(slot) if r.segment_id == seg.segment_id), None
-            )
-            if replica is None:
-                continue
-            item = reported.pop(replica.offset, None)
-            trusted = inventory is None or (
-                item is not None and item.key == key and item.checksum == self._checksum[slot]
-            )
-            if trusted and self._reserve(seg, replica.offset, self._size[slot]):
-                seg.objects += 1
-                self._cache(slot, seg.segment_id)
-                continue
-            if item is not None:  # something else lies there: adopt or release it below
-                reported[item.offset] = item
-            self._forget_replica(slot, replica)  # never reserved: nothing to free
-        for item in reported.values():  # blocks the master did not know were there
-            self._adopt_item(seg, item)
-
-    def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
-        slot = self._slot.get(item.key)
-        if slot is not None and (
-            self._state[slot] != COMPLETE
-            or self._checksum[slot] != item.checksum
-            or self._size[slot] != item.size_bytes
-            or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
-        ):
-            self._note_release(seg, item.offset)
-            return
-        if not self._reserve(seg, item.offset, item.size_bytes):
-            return
-        if slot is None:
-            parent = self._slot.get(item.parent_key) if item.parent_key else None
-            slot = self._new_slot(
-                item.key, item.size_bytes, COMPLETE, (), checksum=item.checksum,
-                created_s=self._clock(), fingerprint=self._intern_fingerprint(item.fingerprint),
-                parent_key=item.parent_key if parent is None else self._key[parent],  # type: ignore[arg-type]
-            )  # fmt: skip
-            self._cold_set(slot, "tag", item.tag)
-            self.counters["objects_adopted"] += 1
-        self._set_replicas(slot, (*self._replicas(slot), Replica(seg.segment_id, item.offset)))
-        seg.objects += 1
-        self._cache(slot, seg.segment_id)
-        self._dirty[item.key] = True
-
-    def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
-        try:
-            seg.allocator.reserve(offset, size_bytes)
-            return True
-        except ValueError:  # overlaps another extent or lies outside: cannot be trusted
-            return False
-
-    def heartbeat(self, node_id: str, incarnation: int) -> bool:
-        """Refresh a node's liveness; False when the master does not know it (mount again)."""
-        state = self._nodes.get(node_id)
-        if state is None or state.info.incarnation != incarnation:
-            return False
-        state.last_heartbeat_s = self._clock()
-        return True
-
-    def unmount(self, node_id: str, incarnation: int) -> list[str]:
-        """Drop a node at its request; return the keys deleted with it."""
-        state = self._nodes.get(node_id)
-        if state is None or state.info.incarnation != incarnation:
-            return []
-        result = TickResult()
-        self._drop_node(node_id, result)
-        return result.deleted_keys
-
-    def segments(self) -> list[Segment]:
-        return list(self._segments.values())
-
-    def segment(self, segment_id: int) -> Segment | None:
-        return self._segments.get(segment_id)
-
-    def node(self, node_id: str) -> NodeState | None:
-        return self._nodes.get(node_id)
-
-    def node_segment(self, node_id: str, tier: Tier) -> Segment | None:
-        state = self._nodes.get(node_id)
-        for segment_id in state.segment_ids if state else ():
-            seg = self._segments.get(segment_id)
-            if seg is not None and seg.tier is tier:
-                return seg
-        return None
-
-    def last_heartbeat(self, node_id: str) -> float:
-        state = self._nodes.get(node_id)
-        return state.last_heartbeat_s if state else 0.0
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -664,12 +507,7 @@ class ObjectTable(ObjectColumns):
         """Expire dead nodes, reclaim zombie puts, run deferred frees, end restore grace."""
         now = self._clock()
         result = TickResult()
-        ttl = self.config.heartbeat_ttl_s
-        for node_id, state in list(self._nodes.items()):
-            if now - state.last_heartbeat_s > ttl:
-                result.dead_nodes.append(state.info)
-                self.counters["nodes_expired"] += 1
-                self._drop_node(node_id, result)
+        self._expire(now, result)
         for key, deadline in list(self._pending.items()):
             if deadline <= now:
                 self._delete(self._slot[key], 0.0)
@@ -680,9 +518,6 @@ class ObjectTable(ObjectColumns):
             owner = self._segments.get(segment_id)
             if owner is not None:
                 self._free_extent(owner, offset, size_bytes)
-        if self._orphans and now - self._started_s > self.config.restore_grace_s:
-            for segment_id in list(self._orphans):
-                self._drop_segment(segment_id, result)
         for key in result.deleted_keys:
             self._dirty.pop(key, None)  # reported in the result, persisted by the caller
         return result
@@ -930,38 +765,3 @@ class ObjectTable(ObjectColumns):
         self._release_slot(slot)
         self._pending.pop(key, None)
         self._dirty.pop(key, None)
-
-    def _drop_node(self, node_id: str, result: TickResult) -> None:
-        state = self._nodes.pop(node_id, None)
-        for segment_id in state.segment_ids if state else ():
-            self._drop_segment(segment_id, result)
-
-    def _drop_segment(self, segment_id: int, result: TickResult) -> None:
-        seg = self._segments.pop(segment_id, None)
-        for move in [m for m in self._moves if m[0] == segment_id]:
-            del self._moves[move]  # copies into it are moot: finish_* find it gone
-        if seg is not None:
-            state = self._nodes.get(seg.node_id)
-            if state is not None and segment_id in state.segment_ids:
-                state.segment_ids.remove(segment_id)
-        self._orphans.discard(segment_id)
-        slots = self._slots_in(segment_id)
-        for slot in slots:
-            key = self._key[slot]
-            assert key is not None
-            self.policy.discard(slot, segment_id, key)
-            replicas = tuple(r for r in self._replicas(slot) if r.segment_id != segment_id)
-            self._set_replicas(slot, replicas)
-            self.counters["replicas_dropped"] += 1
-            if replicas:
-                if self._state[slot] == COMPLETE:
-                    self._dirty[key] = True
-                    if len(replicas) < self._wanted[slot]:
-                        self.under_replicated.add(key)
-                continue
-            committed = self._state[slot] != PROCESSING
-            self._release_slot(slot)
-            self._pending.pop(key, None)
-            if committed:
-                self._dirty.pop(key, None)
-                result.deleted_keys.append(key)

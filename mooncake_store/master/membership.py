@@ -1,0 +1,257 @@
+"""Membership: the master's nodes and their mounted segments, and the rules about them (pure
+core: no I/O, time from the table's injected clock).
+
+- A node mounts its segments with an incarnation (a number fixed for the life of one node
+  process).  A repeat mount of the same incarnation is a no-op; a new incarnation of a known
+  node means it restarted: its old segments are dropped first.
+- Reconciliation: a persistent segment's inventory (the blocks the node reports) is matched
+  against what the master knows: vouched-for replicas are kept, unknown blocks adopted, the rest
+  dropped.  Replicas restored from RocksDB wait for their segment (an orphan) until it mounts.
+- Liveness: a node that misses heartbeats for `heartbeat_ttl_s` is dropped with its segments;
+  an object left with no replica is deleted.  Orphan segments that do not come back within
+  `restore_grace_s` of the master's start are dropped.
+
+`Membership` is a base of `ObjectTable`: dropping a segment drops its replicas from the objects'
+columns, so both share the table's state; this module holds only the rules about nodes and
+segments, `object_table.py` those about objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.master.allocator import ExtentAllocator
+from mooncake_store.master.columns import COMPLETE, PROCESSING, ObjectColumns
+from mooncake_store.master.eviction import EvictionPolicy
+from mooncake_store.master.objects import Replica
+from mooncake_store.master.segments import NodeInfo, NodeState, Segment, SegmentInfo, Tier
+
+
+@dataclass(slots=True)
+class TickResult:
+    """What a tick did: objects deleted with their last replica, nodes dropped, puts reclaimed."""
+
+    deleted_keys: list[str] = field(default_factory=list)
+    dead_nodes: list[NodeInfo] = field(default_factory=list)
+    reclaimed_puts: list[str] = field(default_factory=list)
+
+
+class Membership(ObjectColumns):
+    """Nodes, segments and liveness (see the module docstring)."""
+
+    # The object table's state and helpers these rules use (defined by ObjectTable).
+    policy: EvictionPolicy
+    counters: dict[str, int]
+    under_replicated: set[str]
+    _dirty: dict[str, bool]
+    _pending: dict[str, float]
+    _moves: dict[tuple[int, int], int]
+
+    if TYPE_CHECKING:
+
+        def _cache(self, slot: int, segment_id: int) -> None: ...
+        def _note_release(self, seg: Segment, offset: int) -> None: ...
+        def _forget_replica(self, slot: int, replica: Replica) -> None: ...
+        def _intern_fingerprint(self, fingerprint: bytes) -> bytes: ...
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        heartbeat_ttl_s: float,
+        restore_grace_s: float,
+        alignment: int,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._restore_grace_s = restore_grace_s
+        self._alignment = alignment
+        self._started_s = clock()
+        self._nodes: dict[str, NodeState] = {}
+        self._segments: dict[int, Segment] = {}
+        self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
+
+    def mount(
+        self,
+        node: NodeInfo,
+        segments: Sequence[tuple[SegmentInfo, Sequence[BlockRecord] | None]],
+    ) -> None:
+        """Mount a node's segments (idempotent for the same incarnation).
+
+        A new incarnation of a known node means it restarted: its old segments are dropped
+        first.  A persistent segment's inventory is reconciled with what the master knows:
+        matching replicas are kept, unknown blocks adopted, missing ones dropped.
+        """
+        now = self._clock()
+        known = self._nodes.get(node.node_id)
+        if known is not None and known.info.incarnation == node.incarnation:
+            known.last_heartbeat_s = now
+            return
+        dropped = TickResult()
+        if known is not None:
+            self._drop_node(node.node_id, dropped)
+        state = NodeState(node, now)
+        self._nodes[node.node_id] = state
+        for info, inventory in segments:
+            if info.segment_id in self._segments:  # claimed by another node: take it over
+                self._drop_segment(info.segment_id, dropped)
+            allocator = ExtentAllocator(info.size_bytes, alignment=self._alignment)
+            seg = Segment(info, allocator)
+            self._segments[info.segment_id] = seg
+            state.segment_ids.append(info.segment_id)
+            restored: list[int] = []
+            if info.segment_id in self._orphans:  # its replicas came back from RocksDB
+                self._orphans.discard(info.segment_id)
+                restored = self._slots_in(info.segment_id)
+            self._adopt(seg, restored, inventory)
+        for key in dropped.deleted_keys:
+            self._dirty.setdefault(key, False)  # unless adopted again just now
+
+    def _adopt(
+        self, seg: Segment, restored: list[int], inventory: Sequence[BlockRecord] | None
+    ) -> None:
+        """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
+        its inventory vouches for, and adopt the blocks it reports that nobody knew."""
+        reported = {item.offset: item for item in inventory or ()}
+        for slot in restored:
+            key = self._key[slot]
+            assert key is not None
+            replica = next(
+                (r for r in self._replicas(slot) if r.segment_id == seg.segment_id), None
+            )
+            if replica is None:
+                continue
+            item = reported.pop(replica.offset, None)
+            trusted = inventory is None or (
+                item is not None and item.key == key and item.checksum == self._checksum[slot]
+            )
+            if trusted and self._reserve(seg, replica.offset, self._size[slot]):
+                seg.objects += 1
+                self._cache(slot, seg.segment_id)
+                continue
+            if item is not None:  # something else lies there: adopt or release it below
+                reported[item.offset] = item
+            self._forget_replica(slot, replica)  # never reserved: nothing to free
+        for item in reported.values():  # blocks the master did not know were there
+            self._adopt_item(seg, item)
+
+    def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
+        slot = self._slot.get(item.key)
+        if slot is not None and (
+            self._state[slot] != COMPLETE
+            or self._checksum[slot] != item.checksum
+            or self._size[slot] != item.size_bytes
+            or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
+        ):
+            self._note_release(seg, item.offset)
+            return
+        if not self._reserve(seg, item.offset, item.size_bytes):
+            return
+        if slot is None:
+            parent = self._slot.get(item.parent_key) if item.parent_key else None
+            slot = self._new_slot(
+                item.key, item.size_bytes, COMPLETE, (), checksum=item.checksum,
+                created_s=self._clock(), fingerprint=self._intern_fingerprint(item.fingerprint),
+                parent_key=item.parent_key if parent is None else self._key[parent],  # type: ignore[arg-type]
+            )  # fmt: skip
+            self._cold_set(slot, "tag", item.tag)
+            self.counters["objects_adopted"] += 1
+        self._set_replicas(slot, (*self._replicas(slot), Replica(seg.segment_id, item.offset)))
+        seg.objects += 1
+        self._cache(slot, seg.segment_id)
+        self._dirty[item.key] = True
+
+    def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
+        try:
+            seg.allocator.reserve(offset, size_bytes)
+            return True
+        except ValueError:  # overlaps another extent or lies outside: cannot be trusted
+            return False
+
+    def heartbeat(self, node_id: str, incarnation: int) -> bool:
+        """Refresh a node's liveness; False when the master does not know it (mount again)."""
+        state = self._nodes.get(node_id)
+        if state is None or state.info.incarnation != incarnation:
+            return False
+        state.last_heartbeat_s = self._clock()
+        return True
+
+    def unmount(self, node_id: str, incarnation: int) -> list[str]:
+        """Drop a node at its request; return the keys deleted with it."""
+        state = self._nodes.get(node_id)
+        if state is None or state.info.incarnation != incarnation:
+            return []
+        result = TickResult()
+        self._drop_node(node_id, result)
+        return result.deleted_keys
+
+    def segments(self) -> list[Segment]:
+        return list(self._segments.values())
+
+    def segment(self, segment_id: int) -> Segment | None:
+        return self._segments.get(segment_id)
+
+    def node(self, node_id: str) -> NodeState | None:
+        return self._nodes.get(node_id)
+
+    def node_segment(self, node_id: str, tier: Tier) -> Segment | None:
+        state = self._nodes.get(node_id)
+        for segment_id in state.segment_ids if state else ():
+            seg = self._segments.get(segment_id)
+            if seg is not None and seg.tier is tier:
+                return seg
+        return None
+
+    def last_heartbeat(self, node_id: str) -> float:
+        state = self._nodes.get(node_id)
+        return state.last_heartbeat_s if state else 0.0
+
+    def _expire(self, now: float, result: TickResult) -> None:
+        """Drop nodes that missed their heartbeats and orphans whose restore grace ended."""
+        for node_id, state in list(self._nodes.items()):
+            if now - state.last_heartbeat_s > self._heartbeat_ttl_s:
+                result.dead_nodes.append(state.info)
+                self.counters["nodes_expired"] += 1
+                self._drop_node(node_id, result)
+        if self._orphans and now - self._started_s > self._restore_grace_s:
+            for segment_id in list(self._orphans):
+                self._drop_segment(segment_id, result)
+
+    def _drop_node(self, node_id: str, result: TickResult) -> None:
+        state = self._nodes.pop(node_id, None)
+        for segment_id in state.segment_ids if state else ():
+            self._drop_segment(segment_id, result)
+
+    def _drop_segment(self, segment_id: int, result: TickResult) -> None:
+        seg = self._segments.pop(segment_id, None)
+        for move in [m for m in self._moves if m[0] == segment_id]:
+            del self._moves[move]  # copies into it are moot: finish_* find it gone
+        if seg is not None:
+            state = self._nodes.get(seg.node_id)
+            if state is not None and segment_id in state.segment_ids:
+                state.segment_ids.remove(segment_id)
+        self._orphans.discard(segment_id)
+        slots = self._slots_in(segment_id)
+        for slot in slots:
+            key = self._key[slot]
+            assert key is not None
+            self.policy.discard(slot, segment_id, key)
+            replicas = tuple(r for r in self._replicas(slot) if r.segment_id != segment_id)
+            self._set_replicas(slot, replicas)
+            self.counters["replicas_dropped"] += 1
+            if replicas:
+                if self._state[slot] == COMPLETE:
+                    self._dirty[key] = True
+                    if len(replicas) < self._wanted[slot]:
+                        self.under_replicated.add(key)
+                continue
+            committed = self._state[slot] != PROCESSING
+            self._release_slot(slot)
+            self._pending.pop(key, None)
+            if committed:
+                self._dirty.pop(key, None)
+                result.deleted_keys.append(key)
