@@ -1,0 +1,1 @@
+"""`mooncake-admin`: operator commands (tokens, and the cluster views other modules add)."""

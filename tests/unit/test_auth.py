@@ -1,0 +1,105 @@
+"""Tokens and key derivation (common/auth.py) and `mooncake-admin token create`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mooncake_store.admin.cli import main as admin
+from mooncake_store.common.auth import (
+    ANY_NODE,
+    CLUSTER_KEY_FILE,
+    Role,
+    TokenAuthority,
+    bearer,
+    grant_key,
+    load_or_create_cluster_key,
+    node_secret_of,
+    parse_claims,
+    read_cluster_key,
+)
+from mooncake_store.common.errors import AccessDeniedError, InvalidArgumentError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_cluster_key_is_created_once_with_mode_0600(tmp_path: Path) -> None:
+    key = load_or_create_cluster_key(tmp_path)
+    assert len(key) == 32
+    assert os.stat(tmp_path / CLUSTER_KEY_FILE).st_mode & 0o777 == 0o600
+    assert load_or_create_cluster_key(tmp_path) == key  # the second start reads the same key
+    os.chmod(tmp_path / CLUSTER_KEY_FILE, 0o644)
+    with pytest.raises(InvalidArgumentError, match="chmod 600"):
+        read_cluster_key(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="no cluster key"):
+        read_cluster_key(tmp_path / "elsewhere")
+
+
+def test_token_round_trip_expiry_and_forgery() -> None:
+    clock = Clock()
+    authority = TokenAuthority(b"k" * 32, clock=clock)
+    token = authority.issue(Role.CLIENT, "team-a", ttl_s=60)
+    claims = authority.verify(token)
+    assert (claims.role, claims.tenant, claims.node_id) == (Role.CLIENT, "team-a", "")
+    assert claims.expires_s == int(clock.now + 60)
+    # Another cluster's key, a changed payload, a truncated mac: all refused, saying what to do.
+    with pytest.raises(AccessDeniedError, match="mooncake-admin token create"):
+        TokenAuthority(b"x" * 32).verify(token)
+    version, body, mac = token.split(".")
+    other = authority.issue(Role.ADMIN, "team-a").split(".")[1]
+    with pytest.raises(AccessDeniedError, match="not signed"):
+        authority.verify(f"{version}.{other}.{mac}")
+    with pytest.raises(AccessDeniedError):
+        authority.verify(f"{version}.{body}.{mac[:-4]}")
+    for junk in ("", "mc1", "mc2.a.b", "mc1.!!.??", "x" * 5000):
+        with pytest.raises(AccessDeniedError):
+            authority.verify(junk)
+    clock.now += 61
+    with pytest.raises(AccessDeniedError, match="expired"):
+        authority.verify(token)
+
+
+def test_node_token_carries_a_secret_that_the_bearer_part_does_not() -> None:
+    authority = TokenAuthority(b"k" * 32)
+    token = authority.issue(Role.NODE, "default", node_id="node-1")
+    claims = authority.verify(bearer(token))
+    assert claims.may_act_as_node("node-1") and not claims.may_act_as_node("node-2")
+    secret = node_secret_of(token)
+    assert secret == authority.node_secret("node-1", claims.token_id)
+    assert secret.hex() not in bearer(token) and bearer(token).count(".") == 2
+    with pytest.raises(AccessDeniedError, match="node token"):
+        node_secret_of(bearer(token))
+    # Grant keys differ per node id and per incarnation.
+    assert grant_key(secret, "node-1", 1) != grant_key(secret, "node-1", 2)
+    assert grant_key(secret, "node-1", 1) != grant_key(secret, "node-2", 1)
+    wildcard = parse_claims(authority.issue(Role.NODE, "default", node_id=ANY_NODE))
+    assert wildcard.may_act_as_node("anything")
+    with pytest.raises(InvalidArgumentError, match="node-id"):
+        authority.issue(Role.NODE, "default")
+    with pytest.raises(InvalidArgumentError, match="tenant"):
+        authority.issue(Role.CLIENT, "no spaces")
+
+
+def test_admin_token_create_prints_a_token_the_master_key_verifies(tmp_path: Path) -> None:
+    key = load_or_create_cluster_key(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(
+        admin,
+        ["token", "create", "--role", "client", "--tenant", "t1", "--ttl", "30d",
+         "--data-dir", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    claims = TokenAuthority(key).verify(result.output.strip())
+    assert (claims.role, claims.tenant) == (Role.CLIENT, "t1")
+    missing = runner.invoke(admin, ["token", "create", "--role", "client",
+                                    "--data-dir", str(tmp_path / "none")])  # fmt: skip
+    assert missing.exit_code == 2 and "no cluster key" in missing.output
