@@ -2,7 +2,8 @@
 
 Moves: DRAM -> NVMe (demotion), NVMe -> DRAM (promotion), DRAM -> GPU (promotion of the
 hottest blocks), GPU -> DRAM (demotion at the GPU tier's high watermark).  Fetches copy a block
-from another node (re-replication, hot replicas) over that node's data path.
+from another node (re-replication, hot replicas, drains) over that node's data path, staged and
+checked against the block's checksum before a byte of it lands in the pool.
 
 Moves run on the I/O thread pool.  A demotion checks the DRAM bytes against the block's
 checksum, writes them to the NVMe file, syncs it, and only then indexes the block, so the index
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from concurrent.futures import Executor
 
 import xxhash
@@ -40,6 +42,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         self.demoted = 0
         self.promoted = 0
         self.fetched = 0
+        self._local = threading.local()  # each I/O thread's fetch staging buffer
 
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
         loop = asyncio.get_running_loop()
@@ -119,12 +122,23 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             for sock in conns.values():
                 sock.close()
 
+    def _staging(self, size_bytes: int) -> memoryview:
+        """This I/O thread's staging buffer, at least `size_bytes` (kept: its pages stay warm)."""
+        buf: bytearray | None = getattr(self._local, "staging", None)
+        if buf is None or len(buf) < size_bytes:
+            buf = self._local.staging = bytearray(size_bytes)
+        return memoryview(buf)[:size_bytes]
+
     def _fetch(self, task: pb.FetchTask, conns: dict[str, socket.socket]) -> pb.Status:
-        """Read a block from another node's data path straight into this node's pool."""
+        """Read a block from another node's data path into a staging buffer, check it against
+        the block's checksum, and only then copy it into this node's pool: a bad or broken
+        source never writes a byte into the pool."""
         pool = self.dram.get(task.dst_segment)
         if pool is None:
             return pb.Status(code=DataPathError.code, message="fetch target is not a DRAM segment")
-        dest = pool[task.dst_offset : task.dst_offset + task.size_bytes]
+        if task.dst_offset + task.size_bytes > len(pool) or task.size_bytes <= 0:
+            return pb.Status(code=DataPathError.code, message="fetch target is out of the pool")
+        staged = self._staging(task.size_bytes)
         try:
             sock = conns.get(task.src_endpoint)
             if sock is None:
@@ -135,22 +149,23 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             _recv_exact(sock, memoryview(header))
             status, _, length = RESPONSE.unpack(header)
             if status != OK:
-                message = bytearray(length)
+                message = bytearray(min(length, 4096))
                 _recv_exact(sock, memoryview(message))
                 conns.pop(task.src_endpoint).close()  # the source may close it: start afresh
                 return pb.Status(code=status, message=message.decode(errors="replace"))
             if length != task.size_bytes:
                 conns.pop(task.src_endpoint).close()
                 return pb.Status(code=DataPathError.code, message="source sent a wrong size")
-            _recv_exact(sock, dest)
+            _recv_exact(sock, staged)
         except OSError as exc:
             dropped = conns.pop(task.src_endpoint, None)
             if dropped is not None:
                 dropped.close()
             return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
-        if xxhash.xxh3_64_intdigest(dest) != task.checksum:
-            problem = f"fetched copy of {task.key!r} failed its checksum"
+        if xxhash.xxh3_64_intdigest(staged) != task.checksum:
+            problem = f"fetched copy of {task.key!r} failed its checksum; nothing was written"
             return pb.Status(code=ChecksumMismatchError.code, message=problem)
+        pool[task.dst_offset : task.dst_offset + task.size_bytes] = staged
         self.fetched += 1
         return pb.Status(code=OK)
 
