@@ -48,7 +48,7 @@ class Membership(ObjectColumns):
     under_replicated: set[str]
     _dirty: dict[str, bool]
     _pending: dict[str, float]
-    _moves: dict[tuple[int, int], int]
+    _moves: dict[tuple[int, int, int], int]  # (segment, generation, offset) -> size
 
     if TYPE_CHECKING:
 
@@ -74,6 +74,7 @@ class Membership(ObjectColumns):
         self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
+        self._mounts = 0  # segment generations handed out (Segment.generation)
 
     def mount(
         self,
@@ -100,7 +101,8 @@ class Membership(ObjectColumns):
             if info.segment_id in self._segments:  # claimed by another node: take it over
                 self._drop_segment(info.segment_id, dropped)
             allocator = ExtentAllocator(info.size_bytes, alignment=self._alignment)
-            seg = Segment(info, allocator)
+            self._mounts += 1
+            seg = Segment(info, allocator, self._mounts)
             self._segments[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
             restored: list[int] = []

@@ -23,6 +23,7 @@ adopted blocks, dead nodes) accumulate and are drained with `take_dirty()`.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -47,10 +48,13 @@ from mooncake_store.master.columns import (
     PROCESSING,
 )
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
-from mooncake_store.master.membership import Membership, TickResult
+from mooncake_store.master.membership import TickResult
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
+from mooncake_store.master.relocation import ReplicaRelocation
 from mooncake_store.master.segments import Segment, Tier
+
+log = logging.getLogger("mooncake.master")
 
 MAX_FINGERPRINT_BYTES = 64
 MAX_TAG_BYTES = 256
@@ -94,10 +98,11 @@ class ReadResult(NamedTuple):
     live: list[tuple[Segment, Replica]]
 
 
-class ObjectTable(Membership):
+class ObjectTable(ReplicaRelocation):
     """Every object of the master and the rules about objects (see the module docstring); the
-    rules about nodes and segments are in `Membership` (membership.py), the objects' fields
-    are stored in columns (`ObjectColumns`)."""
+    rules about nodes and segments are in `Membership` (membership.py), moves and copies of
+    replicas in `ReplicaRelocation` (relocation.py), the objects' fields are stored in columns
+    (`ObjectColumns`)."""
 
     def __init__(
         self,
@@ -119,10 +124,10 @@ class ObjectTable(Membership):
         )
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._fingerprints: dict[bytes, bytes] = {}
-        self._deferred: list[tuple[float, int, int, int]] = []  # (free at, segment, offset, size)
+        # (free at, segment generation, segment, offset, size): frees that wait for a lease
+        self._deferred: list[tuple[float, int, int, int, int]] = []
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
-        self._moves: dict[tuple[int, int], int] = {}  # (segment, offset) of a copy -> size
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: set[str] = set()  # lost a replica: re-replication candidates
@@ -131,7 +136,7 @@ class ObjectTable(Membership):
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
                 "puts_reclaimed", "gets", "removes", "nodes_expired", "replicas_dropped",
-                "evictions", "objects_adopted",
+                "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
             ),
             0,
         )  # fmt: skip
@@ -236,7 +241,7 @@ class ObjectTable(Membership):
         if not chosen:
             leased = sum(
                 self._segments[sid].allocator.aligned(size)
-                for _, sid, _, size in self._deferred
+                for _, _, sid, _, size in self._deferred
                 if sid in self._segments
             )
             held = f"; {leased} bytes are freed when their read leases end" if leased else ""
@@ -351,6 +356,14 @@ class ObjectTable(Membership):
         self._state[slot] = COMMITTING
         self._pending.pop(key, None)
         return self._snapshot(slot)
+
+    def committed_as(self, key: str, checksum: int) -> tuple[int, int] | None:
+        """(state, replica count) of `key` when its put was sealed with `checksum` (COMMITTING
+        or COMPLETE), else None: a repeated PutEnd whose first reply was lost finds it here."""
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] == PROCESSING or self._checksum[slot] != checksum:
+            return None
+        return self._state[slot], len(self._replicas(slot))
 
     def puts_in_flight(self) -> int:
         """Puts started and not yet sealed (their PutEnd is still to come)."""
@@ -514,10 +527,12 @@ class ObjectTable(Membership):
                 result.reclaimed_puts.append(key)
                 self.counters["puts_reclaimed"] += 1
         while self._deferred and self._deferred[0][0] <= now:
-            _, segment_id, offset, size_bytes = heapq.heappop(self._deferred)
+            _, generation, segment_id, offset, size_bytes = heapq.heappop(self._deferred)
             owner = self._segments.get(segment_id)
-            if owner is not None:
+            if owner is not None and owner.generation == generation:
                 self._free_extent(owner, offset, size_bytes)
+            elif owner is not None:  # the segment was mounted again: that space is not ours
+                self._stale("deferred free", owner, offset, size_bytes)
         for key in result.deleted_keys:
             self._dirty.pop(key, None)  # reported in the result, persisted by the caller
         return result
@@ -538,98 +553,6 @@ class ObjectTable(Membership):
         """Persistent-tier extents freed since the last call, per segment (drained)."""
         out, self._released = self._released, {}
         return out
-
-    # ---- movement between tiers (planned by tiering.py) --------------------------------------
-
-    def begin_move(self, key: str, src: Segment, dst: Segment) -> tuple[Replica, int] | None:
-        """Reserve an extent in `dst` for a copy of `key`'s replica in `src`; mark it moving.
-
-        Returns (source replica, destination offset), or None when `dst` has no room (or
-        already holds a replica of `key`).
-        """
-        slot = self._slot[key]
-        replicas = self._replicas(slot)
-        if any(r.segment_id == dst.segment_id for r in replicas):
-            return None
-        source = next((r for r in replicas if r.segment_id == src.segment_id), None)
-        offset = dst.allocator.allocate(self._size[slot]) if source is not None else None
-        if source is None or offset is None:
-            return None
-        self._cold_set(slot, "moving", True)
-        self._moves[dst.segment_id, offset] = self._size[slot]
-        return source, offset
-
-    def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
-        """Swap the source replica for the copy (ok) or give the copy's extent back.
-
-        Returns True when the object now lives at the destination.
-        """
-        slot = self._slot.get(key)
-        size_bytes = self._moves.pop((dst.segment_id, offset), 0)
-        live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
-        valid = (
-            slot is not None and self._cold_get(slot, "moving") and source in self._replicas(slot)
-        )
-        if slot is not None:
-            self._cold_set(slot, "moving", False)
-        if not (ok and valid and live_dst):
-            if live_dst:
-                self._free_extent(dst, offset, size_bytes)
-            return False
-        assert slot is not None
-        kept = tuple(r for r in self._replicas(slot) if r != source)
-        # The copy joins the policy before the source leaves it, so the block never looks
-        # gone (its children would be orphaned, its history sent to the ghost table).
-        self._set_replicas(slot, (*kept, Replica(dst.segment_id, offset)))
-        dst.objects += 1
-        self._cache(slot, dst.segment_id)
-        self._free(slot, [source], self._protected_until(slot))  # readers keep it a while
-        self._cold_set(slot, "slow_reads", 0)
-        self._dirty[key] = True
-        return True
-
-    def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
-        """Add the copy as a new replica (ok) or give its extent back; True when added."""
-        slot = self._slot.get(key)
-        size_bytes = self._moves.pop((dst.segment_id, offset), 0)
-        live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
-        valid = (
-            slot is not None and self._cold_get(slot, "moving") and self._state[slot] == COMPLETE
-        )
-        if slot is not None:
-            self._cold_set(slot, "moving", False)
-            self._cold_set(slot, "hold_until_s", 0.0)
-        on_node = slot is not None and any(
-            (s := self._segments.get(r.segment_id)) is not None and s.node_id == dst.node_id
-            for r in self._replicas(slot)
-        )
-        if not (ok and valid and live_dst) or on_node:
-            if live_dst:
-                self._free_extent(dst, offset, size_bytes)
-            return False
-        assert slot is not None
-        self._set_replicas(slot, (*self._replicas(slot), Replica(dst.segment_id, offset)))
-        dst.objects += 1
-        self._cache(slot, dst.segment_id)
-        self._dirty[key] = True
-        return True
-
-    def drop_replica(self, key: str, seg: Segment) -> None:
-        """Remove one replica of a committed object that keeps at least one other."""
-        slot = self._slot[key]
-        replicas = self._replicas(slot)
-        if len(replicas) < 2:
-            raise ValueError(f"{key!r} has a single replica; remove the object instead")
-        replica = next(r for r in replicas if r.segment_id == seg.segment_id)
-        self._set_replicas(slot, tuple(r for r in replicas if r != replica))
-        self._free(slot, [replica], self._protected_until(slot))
-        self._dirty[key] = True
-
-    def hold(self, key: str, until_s: float) -> None:
-        """Protect `key`'s extents for a node-to-node copy (released by finish_copy)."""
-        slot = self._slot.get(key)
-        if slot is not None:
-            self._cold_set(slot, "hold_until_s", max(self._cold_get(slot, "hold_until_s"), until_s))
 
     # ---- restore and stats ------------------------------------------------------------------
 
@@ -684,13 +607,11 @@ class ObjectTable(Membership):
         )
         for slot in self._free_slots:
             assert self._state[slot] == FREE and slot not in self._more
-        moves: dict[int, list[tuple[int, int]]] = {}  # extents of copies in flight
-        for (segment_id, offset), size_bytes in self._moves.items():
-            if (seg := self._segments.get(segment_id)) is not None:
-                moves.setdefault(segment_id, []).append((offset, seg.allocator.aligned(size_bytes)))
+        moves = self._move_extents()
         held: dict[int, list[tuple[int, int]]] = {}  # extents freed when read leases end
-        for _, segment_id, offset, size_bytes in self._deferred:
-            if (seg := self._segments.get(segment_id)) is not None:
+        for _, generation, segment_id, offset, size_bytes in self._deferred:
+            seg = self._segments.get(segment_id)
+            if seg is not None and seg.generation == generation:
                 held.setdefault(segment_id, []).append((offset, seg.allocator.aligned(size_bytes)))
         for seg in self._segments.values():
             extents = per_segment.get(seg.segment_id, [])
@@ -708,9 +629,26 @@ class ObjectTable(Membership):
             self._released.setdefault(seg.segment_id, []).append(offset)
 
     def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None:
-        """Give an allocated extent back now and tell its node."""
-        seg.allocator.free(offset, size_bytes)
+        """Give an allocated extent back now and tell its node.
+
+        A free the allocator refuses (the extent is not allocated as named: a double free or a
+        wrong size) is a logged no-op, never a release of someone else's space nor a failure
+        of the caller (the master's tick).
+        """
+        try:
+            seg.allocator.free(offset, size_bytes)
+        except KeyError:
+            self._stale("free", seg, offset, size_bytes)
+            return
         self._note_release(seg, offset)
+
+    def _stale(self, what: str, seg: Segment, offset: int, size_bytes: int) -> None:
+        self.counters["stale_frees"] += 1
+        log.warning(
+            "ignored a stale %s of %d bytes at offset %d of segment %x (generation %d): "
+            "that allocation no longer exists", what, size_bytes, offset, seg.segment_id,
+            seg.generation,
+        )  # fmt: skip
 
     def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None:
         """Free replicas already taken out of the object in `slot`."""
@@ -725,7 +663,9 @@ class ObjectTable(Membership):
             seg.objects -= 1
             self.policy.discard(slot, r.segment_id, key)
             if free_at_s > now:
-                heapq.heappush(self._deferred, (free_at_s, r.segment_id, r.offset, size_bytes))
+                heapq.heappush(
+                    self._deferred, (free_at_s, seg.generation, r.segment_id, r.offset, size_bytes)
+                )
             else:
                 self._free_extent(seg, r.offset, size_bytes)
 

@@ -45,13 +45,19 @@ class SegmentInfo:
 
 
 class Segment:
-    """A mounted segment: its info, allocator and how many objects have a replica in it."""
+    """A mounted segment: its info, allocator and how many objects have a replica in it.
 
-    __slots__ = ("allocator", "info", "objects", "persistent")
+    `generation` names this mount of the segment (unique in the master's lifetime): a segment
+    id mounted again (a node dropped and back, a restart) is a new generation with a new
+    allocator, and a deferred free or a copy planned against an older one is stale.
+    """
 
-    def __init__(self, info: SegmentInfo, allocator: ExtentAllocator) -> None:
+    __slots__ = ("allocator", "generation", "info", "objects", "persistent")
+
+    def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, generation: int = 0) -> None:
         self.info = info
         self.allocator = allocator
+        self.generation = generation
         self.objects = 0
         self.persistent = info.tier.persistent  # read on every lookup
 

@@ -9,6 +9,7 @@ are written through the group-committing MetadataStore before the reply goes out
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -22,9 +23,11 @@ from mooncake_store.common.errors import (
     OK,
     InvalidArgumentError,
     MooncakeError,
+    ObjectNotFoundError,
     SegmentNotFoundError,
 )
 from mooncake_store.common.grant import GrantMode, sign
+from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import ObjectMeta, Replica
@@ -88,6 +91,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.replication = replication
         self.framed_port = 0  # set by the server once the framed endpoint listens
         self.framed_socket = ""
+        self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
         from mooncake_store import __version__
@@ -134,37 +138,86 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.BatchPutStartResponse:
         return pb.BatchPutStartResponse(results=await self._put_start_batch(list(request.items)))
 
+    def _repeated_put_end(self, item: pb.PutEndItem) -> pb.PutEndResult | None:
+        """The reply to a PutEnd of a put already sealed with the same checksum (a retry whose
+        first reply was lost): success once it is committed, None while it is being made
+        durable (the caller waits for that commit)."""
+        found = self.table.committed_as(item.key, item.checksum)
+        if found is None:
+            return None
+        state, replicas = found
+        if state == COMPLETE:
+            self.table.counters["put_ends_repeated"] += 1
+            return pb.PutEndResult(status=_OK, replicas=replicas)
+        return None
+
     async def _put_end(self, items: list[pb.PutEndItem]) -> list[pb.PutEndResult]:
         results: list[pb.PutEndResult | None] = []
         sealed: list[ObjectMeta] = []
+        waits: list[asyncio.Future[None]] = []
         for item in items:
+            repeated = self._repeated_put_end(item)
+            if repeated is not None:
+                results.append(repeated)
+                continue
+            committing = self._committing.get(item.key)
+            if committing is not None:  # the first PutEnd is being made durable: wait for it
+                waits.append(committing)
+                results.append(None)
+                continue
             try:
                 sealed.append(self.table.put_end(item.key, item.checksum, item.failed_segments))
                 results.append(None)
             except MooncakeError as exc:
                 results.append(pb.PutEndResult(status=_status(exc)))
-        if sealed:
-            try:
-                # With no other put in flight there is nobody to group with: commit now.
-                await self.store.write(puts=sealed, alone=not self.table.puts_in_flight())
-            except Exception as exc:
-                log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
-                for meta in sealed:
-                    self.table.put_revoke(meta.key)
-                failure = pb.Status(
-                    code=MooncakeError.code, message=f"metadata write failed: {exc}"
-                )
-                return [r or pb.PutEndResult(status=failure) for r in results]
+        committed = await self._commit(sealed) if sealed else {}
+        if waits:
+            await asyncio.gather(*waits)
         out: list[pb.PutEndResult] = []
         for item, result in zip(items, results, strict=True):
             if result is None:
+                result = committed.get(item.key) or self._repeated_put_end(item)
+            if result is None:  # waited for a commit that failed, or sealed differently
+                lost = ObjectNotFoundError(
+                    f"the put of {item.key!r} was not committed (its commit failed or was "
+                    "revoked, or it was sealed with another checksum)"
+                )
+                result = pb.PutEndResult(status=_status(lost))
+            out.append(result)
+        return out
+
+    async def _commit(self, sealed: list[ObjectMeta]) -> dict[str, pb.PutEndResult]:
+        """Make sealed puts durable, then visible; a repeated PutEnd of one of them meanwhile
+        waits for this (`_committing`) and reads the outcome from the table."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for meta in sealed:
+            self._committing[meta.key] = done
+        out: dict[str, pb.PutEndResult] = {}
+        try:
+            # With no other put in flight there is nobody to group with: commit now.
+            await self.store.write(puts=sealed, alone=not self.table.puts_in_flight())
+        except Exception as exc:
+            log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
+            failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+            for meta in sealed:
                 try:
-                    result = pb.PutEndResult(
-                        status=_OK, replicas=self.table.commit_put_end(item.key)
+                    self.table.put_revoke(meta.key)
+                except MooncakeError:
+                    pass  # its node died meanwhile: already gone
+                out[meta.key] = pb.PutEndResult(status=failure)
+        else:
+            for meta in sealed:
+                try:
+                    out[meta.key] = pb.PutEndResult(
+                        status=_OK, replicas=self.table.commit_put_end(meta.key)
                     )
                 except MooncakeError as exc:
-                    result = pb.PutEndResult(status=_status(exc))
-            out.append(result)
+                    out[meta.key] = pb.PutEndResult(status=_status(exc))
+        finally:
+            for meta in sealed:
+                if self._committing.get(meta.key) is done:
+                    del self._committing[meta.key]
+            done.set_result(None)
         return out
 
     async def PutEnd(self, request: pb.PutEndItem, context: object) -> pb.PutEndResult:

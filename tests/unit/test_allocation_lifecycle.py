@@ -1,0 +1,95 @@
+"""Allocations tied to their segment generation: stale frees and copies are logged no-ops
+(issue 11 item 3), with an injected clock and no network."""
+
+import pytest
+
+from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def mount(table: ObjectTable, name: str, segment_id: int, incarnation: int = 1) -> None:
+    node = NodeInfo(name, incarnation, f"{name}:data", f"shm-{name}", f"{name}:ctl", b"k" * 32)
+    table.mount(node, [(SegmentInfo(node, segment_id, Tier.DRAM, 8 * MiB), None)])
+
+
+def commit(table: ObjectTable, key: str, size: int = MiB, checksum: int = 42) -> int:
+    out = table.put_start(key, size, 1)
+    table.put_end(key, checksum)
+    table.commit_put_end(key)
+    return out.placements[0][1].offset
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def table(clock: Clock):
+    t = ObjectTable(TableConfig(lease_ttl_s=5, heartbeat_ttl_s=10), clock=clock)
+    mount(t, "node-a", 7)
+    yield t
+    t.validate()
+
+
+def test_a_deferred_free_does_not_outlive_a_remount(table, clock):
+    """Put, read (lease), remove; the node re-mounts with the same segment id; another block
+    lands at the same offset; the stale free fires: the new block keeps its extent."""
+    first = commit(table, "old")
+    table.read("old")  # a read lease: the remove defers the free
+    table.remove("old")
+    mount(table, "node-a", 7, incarnation=2)  # dropped and back: same segment id, new mount
+    new = commit(table, "new", size=2 * MiB)  # a different size: the old free would mismatch
+    assert new == first  # same offset, as in the reported failure
+    clock.now += 6  # the old lease ends: the deferred free fires
+    table.tick()  # must not raise (it aborted the tick with KeyError before)
+    table.validate()  # the allocator still holds "new"'s extent
+    assert table.counters["stale_frees"] == 1
+    later = [commit(table, f"later-{i}") for i in range(3)]
+    assert new not in later  # two live objects never share an offset
+    assert table.read("new").live[0][1].offset == new
+
+
+def test_a_deferred_free_of_the_same_mount_still_frees(table, clock):
+    commit(table, "k")
+    table.read("k")
+    table.remove("k")
+    used = table.segment(7).allocator.used_bytes
+    clock.now += 6
+    table.tick()
+    assert table.segment(7).allocator.used_bytes == used - MiB
+    assert table.counters["stale_frees"] == 0
+
+
+def test_a_copy_into_a_remounted_segment_is_dropped_without_touching_the_new_mount(table):
+    mount(table, "node-b", 8)
+    commit(table, "k")
+    src = next(s for s in table.segments() if s.objects)
+    dst = next(s for s in table.segments() if not s.objects)
+    started = table.begin_move("k", src, dst)
+    assert started is not None
+    source, offset = started
+    mount(table, dst.node_id, dst.segment_id, incarnation=2)
+    fresh = table.segment(dst.segment_id)
+    assert fresh is not dst and fresh.generation > dst.generation
+    assert not table.finish_copy("k", source, dst, offset, True)
+    assert fresh.allocator.used_bytes == 0  # nothing freed or added in the new mount
+
+
+def test_a_free_the_allocator_refuses_is_logged_not_raised(table, caplog):
+    offset = commit(table, "k")
+    seg = table.segment(7)
+    table._free_extent(seg, offset + 4 * MiB, MiB)  # free space: a double free
+    assert table.counters["stale_frees"] == 1
+    assert "stale free" in caplog.text
+    assert table.read("k").live[0][1].offset == offset
