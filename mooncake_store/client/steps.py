@@ -16,23 +16,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import xxhash
 
 from mooncake_store.client.master_client import MasterCall
 from mooncake_store.client.transport import Hasher, ShmMapper
 from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.checksum import CHUNK_BYTES, chunk_digest, combine
+from mooncake_store.common.checksum import checksum as checksum
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
 
 T = TypeVar("T")
 
 
-def checksum(data: Any) -> int:
-    """The xxh3_64 checksum stored with every object."""
-    return xxhash.xxh3_64_intdigest(data)
-
-
-_FUSE_CHUNK = 1 << 20  # in cache when the hash reads it; big enough for memcpy's fast path
+_FUSE_CHUNK = CHUNK_BYTES  # a checksum chunk: in cache when hashed, big enough for memcpy
 _SMALL_COPY = 128 * 1024
 _SPLIT_COPY = 4 << 20  # from here a second thread copies the back half
 
@@ -42,43 +38,49 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
 
     Copying and hashing in cache-sized steps reads memory once instead of twice.  On these VMs,
     between a shared-memory pool and numpy buffers at 1-16 MiB: copy-then-hash 8.0-9.8 GB/s,
-    1 MiB steps 8.8-10.2 GB/s; 256 KiB steps fall to 5-6 GB/s on reads.  The copy is
-    numpy's, which releases the GIL, so the threads of one process copy in parallel.
+    1 MiB steps 8.8-10.2 GB/s; 256 KiB steps fall to 5-6 GB/s on reads.  The steps are the
+    checksum's 1 MiB chunks (common/checksum.py), so each step yields one chunk digest.  The
+    copy is numpy's, which releases the GIL, so the threads of one process copy in parallel.
 
     One core copies cold memory at ~13 GB/s here, short of what the memory system gives two.
-    From 4 MiB, when the process's copy helper is free, it copies the back half while this
-    thread copies and hashes the front half, then hashes the back half from the shared cache:
-    16 MiB cold 1.25 -> 0.95 ms, 4 MiB 0.30 -> 0.28 ms.  Busy (another thread of the process
-    is using it), the copy stays in this thread.
+    From 4 MiB, when the process's copy helper is free, it copies and hashes the back half
+    while this thread copies and hashes the front half (the chunks are independent); busy
+    (another thread of the process is using it), the copy stays in this thread.
     """
     n = len(src)
     if len(dest) != n:
         raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
     if n <= _SMALL_COPY:  # a few microseconds: numpy's call overhead would double it
         dest[:] = src
-        return xxhash.xxh3_64_intdigest(dest)
+        return chunk_digest(dest)
     to = np.frombuffer(dest, dtype=np.uint8)
     frm = np.frombuffer(src, dtype=np.uint8)
     if n <= _FUSE_CHUNK:
         np.copyto(to, frm)
-        return xxhash.xxh3_64_intdigest(dest)
-    h = xxhash.xxh3_64()
+        return chunk_digest(dest)
     half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
     split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half) else n
     try:
-        for start in range(0, split, _FUSE_CHUNK):
-            stop = min(start + _FUSE_CHUNK, split)
-            np.copyto(to[start:stop], frm[start:stop])
-            h.update(dest[start:stop])
+        digests = _copy_hashed(np.copyto, to[:split], frm[:split])
     finally:
-        if split < n:
-            _HELPER.wait()
-    h.update(dest[split:])  # the helper's half, if any (empty otherwise)
-    return h.intdigest()
+        back = _HELPER.wait() if split < n else []
+    return combine(digests + back, n)
+
+
+def _copy_hashed(copy: Any, to: np.ndarray, frm: np.ndarray) -> list[int]:
+    """Copy `frm` into `to` chunk by chunk, returning each chunk's digest (`to` starts on a
+    chunk boundary of the object)."""
+    digests = []
+    for start in range(0, len(frm), _FUSE_CHUNK):
+        stop = min(start + _FUSE_CHUNK, len(frm))
+        copy(to[start:stop], frm[start:stop])
+        digests.append(chunk_digest(to[start:stop]))
+    return digests
 
 
 class _CopyHelper:
-    """One thread per process that copies the back half of a big buffer (see copy_checksum).
+    """One thread per process that copies and hashes the back half of a big buffer (see
+    copy_checksum).
     At most one caller uses it at a time; the others copy alone rather than queue."""
 
     def __init__(self) -> None:
@@ -86,6 +88,7 @@ class _CopyHelper:
         self._start = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
         self._job: tuple[np.ndarray, np.ndarray] | None = None
+        self._digests: list[int] = []
         self._error: BaseException | None = None
         self._pid = 0  # the thread does not survive a fork: start one per process
         self.splits = 0  # copies it took half of
@@ -104,13 +107,16 @@ class _CopyHelper:
         self._start.release()
         return True
 
-    def wait(self) -> None:
-        """Wait for the back half; raise what the helper's copy raised."""
+    def wait(self) -> list[int]:
+        """Wait for the back half and return its chunk digests; raise what the helper's copy
+        raised."""
         self._done.acquire()
         error, self._error, self._job = self._error, None, None
+        digests, self._digests = self._digests, []
         self._busy.release()
         if error is not None:
             raise error
+        return digests
 
     def _run(self) -> None:
         start, done = self._start, self._done
@@ -119,7 +125,7 @@ class _CopyHelper:
             try:
                 job = self._job
                 if job is not None:
-                    self._copy(job[0], job[1])
+                    self._digests = _copy_hashed(self._copy, job[0], job[1])
             except BaseException as exc:  # the caller raises it: never a silent short copy
                 self._error = exc
             finally:

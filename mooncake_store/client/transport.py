@@ -21,9 +21,8 @@ import socket
 import struct
 from collections.abc import Callable, Sequence
 
-import xxhash
-
 from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher
 from mooncake_store.common.errors import (
     OK,
     DataPathError,
@@ -39,7 +38,7 @@ from mooncake_store.common.wire import (
     pack_request,
 )
 
-Hasher = xxhash.xxh3_64  # the object checksum, fed piece by piece
+Hasher = ChunkedHasher  # the object checksum (common/checksum.py), fed piece by piece
 
 _READV_BYTES = 64 * 1024 * 1024  # per READV reply: the node queues it all at once
 
@@ -658,7 +657,7 @@ class BlockingNodeConnections:
         return DataPathError(f"transfer with store node {loc.endpoint} failed: {exc}")
 
 
-_HASH_STEP = 1 << 20  # a payload is hashed this much at a time, just before it is sent
+_HASH_STEP = CHUNK_BYTES  # a payload is hashed this much at a time, just before it is sent
 
 
 def write_hashed(

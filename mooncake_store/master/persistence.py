@@ -7,18 +7,28 @@ them as one `WriteBatch` with `sync=True` (one fsync for the whole group).  rock
 GIL during the fsync, which is why per-RPC synced puts would cap the master near 3k writes/s
 while grouped ones reach ~250k/s.  A PutEnd with no other put in flight has nobody to wait for,
 and is written on the spot (`alone=True`).
+
+Record versions: 5 stores the chunked checksum (common/checksum.py, format 2).  Version 4 stored
+the whole-object xxh3_64, which is the same number for objects of up to 1 MiB: those load as
+they are; bigger ones cannot be re-hashed here (the master never holds the bytes), so they are
+dropped at load with a warning, as evictions.  A node's NVMe tier migrates its own copies and
+reports them again, and the master adopts them from that inventory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from mooncake_store.common.checksum import CHUNK_BYTES
 from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
+
+log = logging.getLogger("mooncake.master")
 
 _PREFIX = b"o/"
 # version, size, checksum, created, replica count, fingerprint / parent key / tag lengths,
@@ -26,7 +36,12 @@ _PREFIX = b"o/"
 # variable fields.
 _HEADER = struct.Struct("<BQQdHBHHdB")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
-_VERSION = 4
+_VERSION = 5
+_LEGACY_VERSION = 4  # whole-object checksum: valid as is only up to CHUNK_BYTES
+
+
+class LegacyChecksumError(ValueError):
+    """A version-4 record of an object over 1 MiB: its checksum is of the old format."""
 
 
 def encode_object(meta: ObjectMeta) -> bytes:
@@ -43,11 +58,16 @@ def encode_object(meta: ObjectMeta) -> bytes:
 
 def decode_object(key: str, blob: bytes) -> ObjectMeta:
     version = blob[0]
-    if version != _VERSION:
+    if version not in (_VERSION, _LEGACY_VERSION):
         raise ValueError(f"object record of {key!r} has unknown version {version}")
     _, size_bytes, checksum, created_s, count, n_fp, n_parent, n_tag, pin_until_s, wanted = (
         _HEADER.unpack_from(blob)
     )
+    if version == _LEGACY_VERSION and size_bytes > CHUNK_BYTES:
+        raise LegacyChecksumError(
+            f"object record of {key!r} ({size_bytes} bytes) has a whole-object checksum "
+            f"(record version {version}); the chunked checksum needs version {_VERSION}"
+        )
     offset = _HEADER.size
     replicas: list[Replica] = []
     for _ in range(count):
@@ -81,15 +101,32 @@ class MetadataStore:
         self._closing = False
         self.batches_written = 0
         self.mutations_written = 0
+        self.legacy_dropped = 0  # version-4 records over 1 MiB dropped by load()
 
     def load(self) -> Iterator[ObjectMeta]:
-        """Yield every committed object (call before serving)."""
+        """Yield every committed object (call before serving).  Records whose checksum is of
+        the old whole-object format and over 1 MiB are deleted, with a warning."""
+        legacy: list[bytes] = []
         for raw_key, blob in self._db.items(from_key=_PREFIX):
             assert isinstance(raw_key, bytes) and isinstance(blob, bytes)  # raw mode
             if not raw_key.startswith(_PREFIX):
                 break
             key = raw_key[len(_PREFIX) :].decode("utf-8", "surrogatepass")
-            yield decode_object(key, blob)
+            try:
+                yield decode_object(key, blob)
+            except LegacyChecksumError:
+                legacy.append(raw_key)
+        if legacy:
+            log.warning(
+                "dropped %d objects over 1 MiB committed with the old whole-object checksum "
+                "(record version %d): treated as evicted; NVMe copies come back re-hashed from "
+                "their node's inventory", len(legacy), _LEGACY_VERSION,
+            )  # fmt: skip
+            batch = WriteBatch(raw_mode=True)
+            for raw_key in legacy:
+                batch.delete(raw_key)
+            self._db.write(batch, self._sync)
+            self.legacy_dropped = len(legacy)
 
     def start(self) -> None:
         if self._writer is None:

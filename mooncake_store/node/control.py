@@ -19,11 +19,10 @@ import socket
 import threading
 from concurrent.futures import Executor
 
-import xxhash
-
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
@@ -84,7 +83,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         out_to = self.nvme.get(dst) or self.gpu.get(dst)
         if src in self.dram and out_to is not None:
             source = self.dram[src][task.src_offset : task.src_offset + extent]
-            if xxhash.xxh3_64_intdigest(source[: task.size_bytes]) != task.checksum:
+            if checksum(source[: task.size_bytes]) != task.checksum:
                 raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
             out_to.write(source, task.dst_offset)
             if dst in self.nvme:  # demoted: the caller indexes it
@@ -98,7 +97,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         if dst in self.dram and in_from is not None:
             dest = self.dram[dst][task.dst_offset : task.dst_offset + extent]
             in_from.read(dest, task.src_offset)
-            if xxhash.xxh3_64_intdigest(dest[: task.size_bytes]) != task.checksum:
+            if checksum(dest[: task.size_bytes]) != task.checksum:
                 tier = "NVMe" if src in self.nvme else "GPU"
                 raise ChecksumMismatchError(f"{tier} copy of {task.key!r} is corrupt")
             if src in self.nvme:
@@ -162,7 +161,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             if dropped is not None:
                 dropped.close()
             return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
-        if xxhash.xxh3_64_intdigest(staged) != task.checksum:
+        if checksum(staged) != task.checksum:
             problem = f"fetched copy of {task.key!r} failed its checksum; nothing was written"
             return pb.Status(code=ChecksumMismatchError.code, message=problem)
         pool[task.dst_offset : task.dst_offset + task.size_bytes] = staged

@@ -17,6 +17,11 @@ on a thread pool, never on the event loop.
 On start the node verifies every indexed block against its checksum; blocks that no longer
 match are dropped from the index and never served.  The survivors are reported to the master
 as the segment's inventory.
+
+`segment.json` names the checksum format of the index (`checksum_format`, see
+common/checksum.py).  A tier written before the chunked checksum (no such field) is migrated on
+its first start: a block over 1 MiB whose bytes match the old whole-object hash is re-hashed
+and re-indexed with the chunked checksum; blocks up to 1 MiB have the same checksum in both.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ import mmap
 import os
 import struct
 import threading
+from dataclasses import replace
 from pathlib import Path
 
-import xxhash
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.common.checksum import CHUNK_BYTES, FORMAT, checksum, legacy_checksum
 
 log = logging.getLogger("mooncake.node")
 
@@ -101,10 +107,14 @@ class NvmeTier:
                 log.warning("NVMe tier size changed (%s -> %s bytes): starting it empty",
                             old.get("size_bytes"), self.size_bytes)  # fmt: skip
             meta = {"segment_id": int.from_bytes(os.urandom(8), "little") or 1,
-                    "size_bytes": self.size_bytes}  # fmt: skip
+                    "size_bytes": self.size_bytes, "checksum_format": FORMAT}  # fmt: skip
             for stale in (data_path,):
                 stale.unlink(missing_ok=True)
         self.segment_id: int = int(meta["segment_id"])
+        self._meta_path = meta_path
+        self._meta = meta
+        # Format 1 (field absent): whole-object xxh3_64; migrated by the first load().
+        self.checksum_format = int(meta.get("checksum_format", 1))
         self.fd, self.direct = self._open(data_path)
         os.posix_fallocate(self.fd, 0, self.size_bytes)
         options = Options(raw_mode=True)
@@ -116,12 +126,15 @@ class NvmeTier:
         self._sync = WriteOptions()
         self._sync.sync = True
         if fresh:
-            tmp = meta_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(meta))
-            os.replace(tmp, meta_path)
+            self._write_meta()
         self.staging = StagingBuffers()
         self.reads = 0
         self.writes = 0
+
+    def _write_meta(self) -> None:
+        tmp = self._meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._meta))
+        os.replace(tmp, self._meta_path)
 
     @staticmethod
     def _open(path: Path) -> tuple[int, bool]:
@@ -194,14 +207,24 @@ class NvmeTier:
         return out
 
     def load(self) -> list[BlockRecord]:
-        """Every indexed block whose bytes still match their checksum; the rest are forgotten."""
+        """Every indexed block whose bytes still match their checksum; the rest are forgotten.
+        An index of checksum format 1 is migrated to the current format on the way."""
         good: list[BlockRecord] = []
         bad: list[int] = []
+        migrated: list[BlockRecord] = []
+        legacy = self.checksum_format < FORMAT
         for block in self.load_index():
             buf = self.staging.take(block.size_bytes)
             try:
                 self.read(memoryview(buf), block.offset)
-                ok = xxhash.xxh3_64_intdigest(memoryview(buf)[: block.size_bytes]) == block.checksum
+                data = memoryview(buf)[: block.size_bytes]
+                digest = checksum(data)
+                ok = digest == block.checksum
+                if not ok and legacy and block.size_bytes > CHUNK_BYTES:
+                    ok = legacy_checksum(data) == block.checksum
+                    if ok:
+                        block = replace(block, checksum=digest)
+                        migrated.append(block)
             except (OSError, ValueError):
                 ok = False
             finally:
@@ -213,6 +236,13 @@ class NvmeTier:
         if bad:
             log.warning("dropping %d NVMe blocks that failed their checksum", len(bad))
             self.forget(bad)
+        if legacy:
+            if migrated:
+                self.index(migrated)
+            log.info("NVMe tier: checksum format %d -> %d, %d blocks re-hashed",
+                     self.checksum_format, FORMAT, len(migrated))  # fmt: skip
+            self._meta["checksum_format"] = self.checksum_format = FORMAT
+            self._write_meta()
         return good
 
     def close(self) -> None:

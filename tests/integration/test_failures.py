@@ -386,9 +386,8 @@ def test_transports_hash_transfers_as_bytes_move(tmp_path):
     hasher the payload it sends: the digest is the checksum of exactly those bytes."""
     from dataclasses import replace
 
-    import xxhash
-
     from mooncake_store.client.transport import BlockingNodeConnections, Hasher
+    from mooncake_store.common.checksum import checksum
 
     with LocalCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
         master = cluster.master_address
@@ -400,7 +399,7 @@ def test_transports_hash_transfers_as_bytes_move(tmp_path):
         forged = bytearray(locs[0].grant)
         forged[-1] ^= 0x01
         bad = replace(locs[0], grant=bytes(forged))
-        want = [xxhash.xxh3_64_intdigest(v) for v in values.values()]
+        want = [checksum(v) for v in values.values()]
 
         def batch(with_bad: bool) -> tuple[list, list[memoryview], list[Hasher]]:
             chosen = [*locs, bad] if with_bad else locs
@@ -448,7 +447,7 @@ def test_transports_hash_transfers_as_bytes_move(tmp_path):
         asyncio.run(over_the_pool())
 
         payload = memoryview(os.urandom((5 << 20) + 77))  # pieces of 1 MiB and a short one
-        digest = xxhash.xxh3_64_intdigest(payload)
+        digest = checksum(payload)
         nodes = BlockingNodeConnections(timeout_s=5)
         try:
             hasher = Hasher()

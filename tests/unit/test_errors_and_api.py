@@ -62,9 +62,9 @@ def test_builtin_bases():
 
 def test_fused_copy_checksum_matches_copy_then_hash():
     import numpy as np
-    import xxhash
 
     from mooncake_store.client.steps import _FUSE_CHUNK, _SPLIT_COPY, copy_checksum
+    from mooncake_store.common.checksum import checksum
 
     rng = np.random.default_rng(7)
     sizes = (1, 4095, _FUSE_CHUNK - 1, _FUSE_CHUNK, _FUSE_CHUNK + 1, 3 * _FUSE_CHUNK + 17,
@@ -73,7 +73,7 @@ def test_fused_copy_checksum_matches_copy_then_hash():
         src = rng.integers(0, 256, size, dtype=np.uint8)
         dest = np.zeros(size + 8, dtype=np.uint8)
         digest = copy_checksum(memoryview(dest)[:size], memoryview(src))
-        assert digest == xxhash.xxh3_64_intdigest(src.tobytes())
+        assert digest == checksum(src.tobytes())
         assert dest[:size].tobytes() == src.tobytes() and not dest[size:].any()
 
 
@@ -84,9 +84,9 @@ def test_split_copies_from_many_threads_stay_right():
 
     import numpy as np
     import pytest
-    import xxhash
 
     from mooncake_store.client.steps import _HELPER, _SPLIT_COPY, copy_checksum
+    from mooncake_store.common.checksum import checksum
 
     rng = np.random.default_rng(11)
     sources = [rng.integers(0, 256, _SPLIT_COPY + i * 8192, dtype=np.uint8) for i in range(4)]
@@ -95,7 +95,7 @@ def test_split_copies_from_many_threads_stay_right():
         src = sources[i % 4]
         dest = np.empty_like(src)
         digest = copy_checksum(memoryview(dest), memoryview(src))
-        return digest == xxhash.xxh3_64_intdigest(src) and np.array_equal(dest, src)
+        return digest == checksum(src) and np.array_equal(dest, src)
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(copy, range(24)))
