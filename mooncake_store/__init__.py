@@ -27,7 +27,9 @@ from mooncake_store.common.errors import (
     ReplicaUnavailableError,
     RpcError,
     SegmentNotFoundError,
+    TlsError,
 )
+from mooncake_store.common.tls import TlsConfig
 
 __version__ = "0.1.0"
 
@@ -56,4 +58,6 @@ __all__ = [
     "Retry",
     "RpcError",
     "SegmentNotFoundError",
+    "TlsConfig",
+    "TlsError",
 ]

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -128,8 +129,11 @@ class LocalCluster:
         node_args: Sequence[str] = (),
         nvme: str | None = None,
         start_timeout_s: float = 30.0,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
         self.root = Path(root)
+        # Client(...) options of the cluster's own probes (e.g. tls= for a TLS cluster).
+        self.client_options = dict(client_options or {})
         self.nvme = nvme  # per-node NVMe tier size; each node gets root/nvme-<index>
         self.data_dir = self.root / "master"
         self.log_dir = self.root / "logs"
@@ -204,7 +208,7 @@ class LocalCluster:
         from mooncake_store.client.sync_client import Client
 
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        with Client(self.master_address) as client:
+        with Client(self.master_address, **self.client_options) as client:
             while True:
                 mounted = len({n.node_id for n in client.list_nodes()})
                 if mounted == count:

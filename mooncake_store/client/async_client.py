@@ -38,6 +38,7 @@ from mooncake_store.common.errors import (
     ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
+from mooncake_store.common.tls import TlsConfig
 
 T = TypeVar("T")
 
@@ -63,6 +64,11 @@ class AsyncClient(ReadFlows, WriteFlows):
         framed: make master calls on the master's framed endpoint when it has one (one
             persistent pipelined connection, ~10x cheaper per call than grpc.aio); False
             keeps every call on gRPC.
+        tls: TLS settings of the connections to the master and the nodes (`TlsConfig`); or
+            `tls_ca` (verify the servers against this CA) with `tls_cert` and `tls_key` (the
+            client certificate, for a cluster that asks for one).  Unset: MOONCAKE_TLS_CA,
+            MOONCAKE_TLS_CERT and MOONCAKE_TLS_KEY, else plaintext.  Same-host shared memory is
+            used either way.
     """
 
     def __init__(
@@ -75,6 +81,10 @@ class AsyncClient(ReadFlows, WriteFlows):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         retry: Retry | None = None,
         framed: bool = True,
+        tls: TlsConfig | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         if replicas is not None and replicas < 1:
             raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
@@ -87,9 +97,17 @@ class AsyncClient(ReadFlows, WriteFlows):
         self.max_value_bytes = max_value_bytes
         self.retry = retry or Retry()
         self.framed = framed
+        if tls is None:
+            if tls_ca or tls_cert or tls_key:
+                tls = TlsConfig(cert=tls_cert or "", key=tls_key or "", ca=tls_ca or "")
+            else:
+                tls = TlsConfig.from_env()
+        self.tls = tls
+        #: The client TLS context of TCP connections (None: plaintext).
+        self.ssl_context = tls.client_context() if tls.enabled else None
         self._master: MasterClient | None = None
         self._shm = ShmMapper()
-        self._tcp = TcpPool(timeout_s=timeout_s)
+        self._tcp = TcpPool(timeout_s=timeout_s, ssl=self.ssl_context)
         self._pinned = PinnedStaging()
         self._staging = HostStaging()
         #: Transfers by data path, and replicas that failed their checksum on read.
@@ -128,7 +146,7 @@ class AsyncClient(ReadFlows, WriteFlows):
         if self._master is None:
             self._master = MasterClient(
                 self.master, timeout_s=self.timeout_s, retry=self.retry, framed=self.framed,
-                counters=self.counters,
+                counters=self.counters, tls=self.tls,
             )  # fmt: skip
         return self._master
 

@@ -1,6 +1,7 @@
 """The client end of the master's framed control endpoint (see `common/framed.py`).
 
-One persistent TCP connection carries every call of the client, pipelined: each call writes one
+One persistent TCP connection (TLS when the client has TLS settings; the same-host unix socket
+stays plain) carries every call of the client, pipelined: each call writes one
 frame and waits on a future that the reply with its call id resolves.  A lost connection fails
 every call in flight with `ChannelClosedError`; the MasterClient then reconnects (asking the
 master for its framed port again, since a restarted master may have a new one) under its retry
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
+from ssl import SSLContext
 
 from google.protobuf.message import Message
 
@@ -74,8 +76,11 @@ class FramedChannel:
         self._next_id = 0
 
     @classmethod
-    async def connect(cls, endpoint: FramedEndpoint, *, max_frame_bytes: int) -> FramedChannel:
-        """Connect over the unix socket when it is reachable from here, else over TCP."""
+    async def connect(
+        cls, endpoint: FramedEndpoint, *, max_frame_bytes: int, ssl: SSLContext | None = None
+    ) -> FramedChannel:
+        """Connect over the unix socket when it is reachable from here, else over TCP (with
+        TLS when `ssl` is given)."""
         loop = asyncio.get_running_loop()
         sock = endpoint.unix_socket()
         if sock is not None:
@@ -85,7 +90,11 @@ class FramedChannel:
         else:
             channel = cls(f"{endpoint.host}:{endpoint.port}", max_frame_bytes=max_frame_bytes)
             transport, _ = await loop.create_connection(
-                lambda: _Protocol(channel), endpoint.host, endpoint.port
+                lambda: _Protocol(channel),
+                endpoint.host,
+                endpoint.port,
+                ssl=ssl,
+                server_hostname=endpoint.host if ssl is not None else None,
             )
         channel._transport = transport  # type: ignore[assignment]
         return channel
@@ -167,13 +176,24 @@ class BlockingFramedChannel:
 
     @classmethod
     def connect(
-        cls, endpoint: FramedEndpoint, *, timeout_s: float, max_frame_bytes: int
+        cls,
+        endpoint: FramedEndpoint,
+        *,
+        timeout_s: float,
+        max_frame_bytes: int,
+        ssl: SSLContext | None = None,
     ) -> BlockingFramedChannel:
         sock = endpoint.unix_socket()
         address = endpoint.unix_name
         if sock is None:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ssl is not None:
+                try:
+                    sock = ssl.wrap_socket(sock, server_hostname=endpoint.host)
+                except OSError:
+                    sock.close()
+                    raise
             address = f"{endpoint.host}:{endpoint.port}"
         sock.settimeout(timeout_s)
         return cls(sock, address, max_frame_bytes=max_frame_bytes)

@@ -8,6 +8,7 @@ their code names (`common.errors.error_for_code`).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -24,9 +25,18 @@ from mooncake_store.common.errors import (
     MasterUnavailableError,
     MooncakeError,
     RpcError,
+    TlsError,
     error_for_code,
 )
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
+from mooncake_store.common.tls import (
+    CLIENT_CERT_HINT,
+    PLAINTEXT,
+    PLAINTEXT_HINT,
+    TlsConfig,
+    describe_tls_failure,
+    grpc_tls_failure,
+)
 
 R = TypeVar("R")
 
@@ -80,13 +90,21 @@ class MasterClient:
         retry: Retry,
         framed: bool = True,
         counters: dict[str, int] | None = None,
+        tls: TlsConfig = PLAINTEXT,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.retry = retry
-        self._channel = grpc.aio.insecure_channel(
-            address, options=message_options(DEFAULT_MAX_MESSAGE_BYTES)
-        )
+        self.tls = tls
+        #: The client TLS context of the framed endpoint (None: plaintext).
+        self.ssl_context = tls.client_context() if tls.enabled else None
+        options = message_options(DEFAULT_MAX_MESSAGE_BYTES)
+        if tls.enabled:
+            self._channel = grpc.aio.secure_channel(
+                address, tls.grpc_channel_credentials(), options=options
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
         self._framed_wanted = framed and _host_of(address) is not None
         self._framed: FramedChannel | None = None
@@ -105,14 +123,47 @@ class MasterClient:
         await self._channel.close()
 
     async def wait_ready(self, timeout_s: float) -> None:
-        """Raise MasterUnavailableError unless the master answers within `timeout_s`."""
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
-        except TimeoutError:
-            raise MasterUnavailableError(
-                f"cannot reach the mooncake master at {self.address} within {timeout_s:g}s: "
-                "is mooncake-master running there?"
-            ) from None
+        """Return once the master answers (any answer, a refusal included).
+
+        Raises:
+            TlsError: the TLS handshake failed (at once: waiting would not change it).
+            MasterUnavailableError: no answer within `timeout_s`.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay, problem = 0.02, ""
+        while True:
+            left = deadline - loop.time()
+            try:
+                await self._stub.Hello(pb.HelloRequest(), timeout=max(left, 0.01))
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _UNREACHABLE:
+                    return  # it answered
+                self._raise_tls_failure(exc)
+                problem = f" ({exc.code().name}: {exc.details()})"
+            if loop.time() + delay >= deadline:
+                hint = self._tls_hint("; ")
+                raise MasterUnavailableError(
+                    f"cannot reach the mooncake master at {self.address} within {timeout_s:g}s"
+                    f"{problem}: is mooncake-master running there{hint}?"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _tls_hint(self, sep: str) -> str:
+        """What to check when the master hangs up: TLS settings it may want and we lack."""
+        if not self.tls.enabled:
+            return sep + PLAINTEXT_HINT
+        if not self.tls.cert:
+            return sep + CLIENT_CERT_HINT
+        return ""
+
+    def _raise_tls_failure(self, exc: grpc.aio.AioRpcError) -> None:
+        """Raise TlsError when a gRPC failure was a TLS handshake failure."""
+        explained = grpc_tls_failure(exc.details() or "", f"the master at {self.address}")
+        if explained is not None:
+            raise TlsError(explained) from exc
 
     @property
     def framed_wanted(self) -> bool:
@@ -136,9 +187,15 @@ class MasterClient:
             host = _host_of(self.address)
             assert host is not None
             self.framed_endpoint = FramedEndpoint(host, hello.framed_port, hello.framed_socket)
-            self._framed = await FramedChannel.connect(
-                self.framed_endpoint, max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES
-            )
+            try:
+                self._framed = await FramedChannel.connect(
+                    self.framed_endpoint,
+                    max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                    ssl=self.ssl_context,
+                )
+            except ssl.SSLError as exc:
+                address = f"the master's framed endpoint {host}:{hello.framed_port}"
+                raise TlsError(describe_tls_failure(exc, address) or str(exc)) from exc
             return self._framed
 
     async def _call(self, name: str, request: Message) -> Any:
@@ -160,6 +217,7 @@ class MasterClient:
                     raise RpcError(
                         f"master {self.address} failed the call: {exc.code().name}: {exc.details()}"
                     ) from exc
+                self._raise_tls_failure(exc)
                 problem = f"{exc.code().name}: {exc.details()}"
             except FramedCallError as exc:
                 raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
@@ -169,9 +227,10 @@ class MasterClient:
                     self._framed = None
                 problem = f"{type(exc).__name__}: {exc}"
             if attempt == len(delays):
+                hint = self._tls_hint(", or ")
                 raise MasterUnavailableError(
                     f"mooncake master at {self.address} is unreachable ({problem}); "
-                    "is mooncake-master running?"
+                    f"is mooncake-master running{hint}?"
                 )
             await asyncio.sleep(delays[attempt])
         raise AssertionError("unreachable")

@@ -95,7 +95,9 @@ class Client:
         """The transfers on this thread's blocking node sockets, pipelined per node."""
         nodes: BlockingNodeConnections | None = getattr(self._local, "nodes", None)
         if nodes is None:
-            nodes = self._local.nodes = BlockingNodeConnections(timeout_s=self._async.timeout_s)
+            nodes = self._local.nodes = BlockingNodeConnections(
+                timeout_s=self._async.timeout_s, ssl=self._async.ssl_context
+            )
             with self._channels_lock:
                 self._node_sets.append(nodes)
         if len(transfers) == 1:
@@ -157,7 +159,10 @@ class Client:
             return None
         try:
             channel = BlockingFramedChannel.connect(
-                endpoint, timeout_s=self._async.timeout_s, max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES
+                endpoint,
+                timeout_s=self._async.timeout_s,
+                max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                ssl=master.ssl_context,
             )
         except OSError:
             self._local.retry_after = time.monotonic() + 1.0  # not on every call

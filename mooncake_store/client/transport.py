@@ -4,7 +4,8 @@
 socket; a put or get is then a single copy between the caller's buffer and the pool.  A node
 whose socket cannot be reached is on another host, and that answer is remembered.
 
-`TcpPool` (the async client's) keeps up to 8 connections per node; each is a BufferedProtocol
+TCP connections speak TLS when the client has TLS settings (common/tls.py).  `TcpPool` (the
+async client's) keeps up to 8 connections per node; each is a BufferedProtocol
 that reads a READ reply straight into the destination buffer (no intermediate copies).
 `BlockingNodeConnections` (the sync client's, one set per thread) does the same with blocking
 sockets and pipelines batches.  Both send a node's DRAM reads of a batch as READV requests
@@ -20,6 +21,7 @@ import mmap
 import socket
 import struct
 from collections.abc import Callable, Sequence
+from ssl import SSLContext
 
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher
@@ -30,6 +32,7 @@ from mooncake_store.common.errors import (
     error_for_code,
 )
 from mooncake_store.common.grant import GRANT_BYTES
+from mooncake_store.common.tls import describe_tls_failure
 from mooncake_store.common.wire import (
     MAX_READV_ENTRIES,
     RESPONSE,
@@ -186,13 +189,15 @@ class _Connection(asyncio.BufferedProtocol):
             self._done.set_exception(DataPathError(f"connection to node lost: {exc or 'closed'}"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._stage == "idle":  # unsolicited bytes: protocol violation
-            self.broken = True
+        if self._stage == "idle":
+            # TLS asks for a buffer whenever a record arrives, even one with no data for us
+            # (a session ticket); only bytes that land here break the protocol.
             return memoryview(bytearray(max(sizehint, 1)))
         return self._target[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._stage == "idle":
+        if self._stage == "idle":  # unsolicited bytes: protocol violation
+            self.broken = True
             if self.transport is not None:
                 self.transport.close()
             return
@@ -274,8 +279,11 @@ class TcpPool:
     wait their turn: a node serves from one event loop, and a burst of connects beyond its
     listen backlog would stall in SYN retries for a second), idle ones kept for reuse."""
 
-    def __init__(self, *, timeout_s: float, max_per_node: int = 8) -> None:
+    def __init__(
+        self, *, timeout_s: float, max_per_node: int = 8, ssl: SSLContext | None = None
+    ) -> None:
         self.timeout_s = timeout_s
+        self.ssl = ssl
         self.max_idle = max_per_node
         self.max_per_node = max_per_node
         self._idle: dict[str, list[_Connection]] = {}
@@ -289,12 +297,17 @@ class TcpPool:
                 return conn
         host, _, port = endpoint.rpartition(":")
         loop = asyncio.get_running_loop()
+        connect = loop.create_connection(
+            _Connection,
+            host,
+            int(port),
+            ssl=self.ssl,
+            server_hostname=host if self.ssl is not None else None,
+        )
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, host, int(port)), self.timeout_s
-            )
+            _, conn = await asyncio.wait_for(connect, self.timeout_s)
         except (TimeoutError, OSError) as exc:
-            raise DataPathError(f"cannot connect to store node {endpoint}: {exc!r}") from exc
+            raise _connect_failed(endpoint, exc) from exc
         return conn
 
     def _release(self, endpoint: str, conn: _Connection) -> None:
@@ -442,8 +455,9 @@ class BlockingNodeConnections:
     keeps a set per thread): a transfer is a sendall and a recv_into straight into the caller's
     buffer, as fast as loopback TCP goes, with no event loop in between."""
 
-    def __init__(self, *, timeout_s: float) -> None:
+    def __init__(self, *, timeout_s: float, ssl: SSLContext | None = None) -> None:
         self.timeout_s = timeout_s
+        self.ssl = ssl
         self._socks: dict[str, socket.socket] = {}
 
     def close(self) -> None:
@@ -456,8 +470,14 @@ class BlockingNodeConnections:
         try:
             sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
         except OSError as exc:
-            raise DataPathError(f"cannot connect to store node {endpoint}: {exc!r}") from exc
+            raise _connect_failed(endpoint, exc) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl is not None:
+            try:
+                sock = self.ssl.wrap_socket(sock, server_hostname=host)
+            except OSError as exc:
+                sock.close()
+                raise _connect_failed(endpoint, exc) from exc
         self._socks[endpoint] = sock
         return sock
 
@@ -695,6 +715,13 @@ def _send_requests(
 
 class _StaleConnection(Exception):
     pass
+
+
+def _connect_failed(endpoint: str, exc: BaseException) -> DataPathError:
+    explained = describe_tls_failure(exc, f"store node {endpoint}")
+    if explained is not None:
+        return DataPathError(explained)
+    return DataPathError(f"cannot connect to store node {endpoint}: {exc!r}")
 
 
 def _recv_exactly(sock: socket.socket, view: memoryview, hasher: Hasher | None = None) -> None:

@@ -20,7 +20,9 @@ the most specific class.
     ├── DataPathError                  a transfer to or from a node failed
     │   └── AccessDeniedError          the node refused the grant (expired, forged, out of range)
     └── RpcError                       the master call failed
-        └── MasterUnavailableError     (also ConnectionError) master unreachable at an address
+        ├── MasterUnavailableError     (also ConnectionError) master unreachable at an address
+        └── TlsError                   (also ConnectionError) TLS handshake failed (untrusted
+                                       certificate, TLS on one side only)
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ class MasterUnavailableError(RpcError, ConnectionError):
     code = -901
 
 
+class TlsError(RpcError, ConnectionError):
+    """The TLS handshake with the master failed: its certificate is not trusted by the CA the
+    client was given, or only one side speaks TLS.  Not retried: it fails the same way again."""
+
+    code = -910
+
+
 OK = 0
 
 _BY_CODE: dict[int, type[MooncakeError]] = {
@@ -133,6 +142,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         GrantExpiredError,
         RpcError,
         MasterUnavailableError,
+        TlsError,
     )
 }
 

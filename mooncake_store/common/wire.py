@@ -36,6 +36,9 @@ class Op(IntEnum):
 
 READV_ENTRY = struct.Struct("<HQQ")
 MAX_READV_ENTRIES = 4096
+# An error reply's message is at most this long; a reader takes no more of a longer one (it
+# came from a broken or hostile peer) and drops the connection.
+MAX_ERROR_BYTES = 64 * 1024
 
 
 def pack_request(op: Op, grant: bytes, offset: int, size_bytes: int) -> bytes:

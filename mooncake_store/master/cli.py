@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mooncake_store.common.daemon import run_daemon
+from mooncake_store.common.daemon import run_daemon, tls_options
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import serve
 
@@ -101,6 +101,7 @@ from mooncake_store.master.server import serve
     type=click.Path(dir_okay=False),
     help="TOML file of settings (overridden by MOONCAKE_MASTER_* env and flags).",
 )
+@tls_options
 @click.option("--log-level", default="INFO", show_default=True)
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run the mooncake-store master (metadata and routing, persisted in RocksDB)."""

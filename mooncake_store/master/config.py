@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mooncake_store.common.config import duration_field, size_field
 from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.tls import TlsConfig
 
 DEFAULT_MASTER_PORT = 50051
 
@@ -44,8 +45,19 @@ class MasterConfig:
     hot_window_s: float = duration_field(10.0)
     max_replicas: int = 3
     max_copies_per_tick: int = 128
+    # TLS (common/tls.py): PEM paths; cert + key serve TLS on gRPC and the framed endpoint, and
+    # ca verifies the nodes' control endpoints and (with require_client_cert) every client.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_require_client_cert: bool = True
+
+    @property
+    def tls(self) -> TlsConfig:
+        return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
     def __post_init__(self) -> None:
+        self.tls.check_daemon()
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(
                 f"port must be 0-65535 (0 picks a free one), got {self.port}"

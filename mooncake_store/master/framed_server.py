@@ -1,5 +1,8 @@
 """The master's framed control endpoint (see `common/framed.py`): same servicer, less machinery.
 
+With TLS (common/tls.py) the TCP endpoint speaks TLS.  The abstract unix socket (same host only)
+stays plain, and is not offered when the master requires client certificates.
+
 Each request runs the MasterServicer method of the same name that gRPC would run.  A call that
 finishes without waiting (lookups, PutStart on a quiet table) is answered before the next frame
 is read, with no task created; one that waits (a PutEnd's group commit) continues as a task, so
@@ -18,6 +21,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
+from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
 log = logging.getLogger("mooncake.master")
 
@@ -122,8 +126,11 @@ class _Connection(asyncio.Protocol):
 class FramedServer:
     """Serves `servicer`'s framed methods on host:port (port 0 picks a free one)."""
 
-    def __init__(self, servicer: object, *, max_frame_bytes: int) -> None:
+    def __init__(
+        self, servicer: object, *, max_frame_bytes: int, tls: TlsConfig = PLAINTEXT
+    ) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.tls = tls
         self.handlers: dict[int, tuple[Handler, type[Message]]] = {
             i: (getattr(servicer, name), message_types(name)[0]) for i, name in enumerate(METHODS)
         }
@@ -135,8 +142,12 @@ class FramedServer:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port and on the abstract unix socket `self.unix_name`; the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        ssl = self.tls.server_context() if self.tls.serves else None
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=ssl)
         port = int(self._server.sockets[0].getsockname()[1])
+        if self.tls.serves and self.tls.ca and self.tls.require_client_cert:
+            # The unix socket would let a same-host process in without a client certificate.
+            return port
         # Built by hand: uvloop does not take abstract names as a path.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         name = f"mooncake-master-{os.getpid()}-{port}"

@@ -18,6 +18,7 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK, ChecksumMismatchError
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
+from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.replication import CopyTask, Replication
 from mooncake_store.master.tiering import MoveTask, Tiering
@@ -26,8 +27,13 @@ log = logging.getLogger("mooncake.master")
 
 
 class NodeMover:
-    def __init__(self, table: ObjectTable, tiering: Tiering, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, table: ObjectTable, tiering: Tiering, *, timeout_s: float = 60.0,
+        tls: TlsConfig = PLAINTEXT,
+    ) -> None:  # fmt: skip
         self.table = table
+        self.tls = tls
+        self._credentials = tls.grpc_channel_credentials() if tls.serves else None
         self.tiering = tiering
         self.timeout_s = timeout_s
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
@@ -40,7 +46,10 @@ class NodeMover:
         cached = self._channels.get(node_id)
         if cached is not None and cached[0] == endpoint:
             return cached[2]
-        channel = grpc.aio.insecure_channel(endpoint)
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(endpoint, self._credentials)
+        else:
+            channel = grpc.aio.insecure_channel(endpoint)
         stub = pb_grpc.NodeServiceStub(channel)
         self._channels[node_id] = (endpoint, channel, stub)
         return stub

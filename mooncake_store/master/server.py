@@ -113,7 +113,7 @@ class MasterServer:
             ),
             clock=time.time,
         )
-        self.mover = NodeMover(self.table, self.tiering)
+        self.mover = NodeMover(self.table, self.tiering, tls=config.tls)
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
         self._servicer: MasterServicer | None = None
@@ -145,13 +145,17 @@ class MasterServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"{self.config.host}:{self.config.port}"
-        port = server.add_insecure_port(address)
+        tls = self.config.tls
+        if tls.serves:
+            port = server.add_secure_port(address, tls.grpc_server_credentials())
+        else:
+            port = server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind the master to {address}")
         await server.start()
         if self.config.framed_port >= 0:
             self._framed = FramedServer(
-                self._servicer, max_frame_bytes=self.config.max_message_bytes
+                self._servicer, max_frame_bytes=self.config.max_message_bytes, tls=tls
             )
             self.framed_port = self._servicer.framed_port = await self._framed.start(
                 self.config.host, self.config.framed_port

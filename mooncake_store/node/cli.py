@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mooncake_store.common.daemon import run_daemon
+from mooncake_store.common.daemon import run_daemon, tls_options
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.server import serve
 
@@ -33,6 +33,7 @@ from mooncake_store.node.server import serve
     type=click.Path(dir_okay=False),
     help="TOML file of settings (overridden by MOONCAKE_NODE_* env and flags).",
 )
+@tls_options
 @click.option("--log-level", default="INFO", show_default=True)
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run a mooncake-store node: a shared-memory DRAM pool served to clients."""

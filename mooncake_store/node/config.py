@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mooncake_store.common.config import duration_field, size_field
 from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.tls import TlsConfig
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,19 @@ class NodeConfig:
     gpu_bytes: int = size_field(0)
     node_id: str = ""
     mount_timeout_s: float = duration_field(5.0)
+    # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and the control
+    # service, and every connection the node opens (master, other nodes) verifies against ca.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_require_client_cert: bool = True
+
+    @property
+    def tls(self) -> TlsConfig:
+        return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
     def __post_init__(self) -> None:
+        self.tls.check_daemon()
         for name in ("port", "control_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

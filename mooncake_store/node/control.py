@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 from concurrent.futures import Executor
 
@@ -24,7 +25,7 @@ from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
-from mooncake_store.common.wire import RESPONSE, Op, pack_request
+from mooncake_store.common.wire import MAX_ERROR_BYTES, RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
 
@@ -33,8 +34,10 @@ log = logging.getLogger("mooncake.node")
 
 class NodeControl(pb_grpc.NodeServiceServicer):
     def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
-                 gpu: dict[int, GpuTier], executor: Executor) -> None:  # fmt: skip
+                 gpu: dict[int, GpuTier], executor: Executor, *,
+                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
         self.dram = dram
+        self.tls = tls  # the client context of fetches from other nodes (None: plaintext)
         self.nvme = nvme
         self.gpu = gpu
         self.executor = executor
@@ -142,13 +145,16 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             sock = conns.get(task.src_endpoint)
             if sock is None:
                 host, _, port = task.src_endpoint.rpartition(":")
-                sock = conns[task.src_endpoint] = socket.create_connection((host, int(port)), 30)
+                sock = socket.create_connection((host, int(port)), 30)
+                if self.tls is not None:
+                    sock = self.tls.wrap_socket(sock, server_hostname=host)
+                conns[task.src_endpoint] = sock
             sock.sendall(pack_request(Op.READ, task.grant, task.src_offset, task.size_bytes))
             header = bytearray(RESPONSE.size)
             _recv_exact(sock, memoryview(header))
             status, _, length = RESPONSE.unpack(header)
             if status != OK:
-                message = bytearray(min(length, 4096))
+                message = bytearray(min(length, MAX_ERROR_BYTES))
                 _recv_exact(sock, memoryview(message))
                 conns.pop(task.src_endpoint).close()  # the source may close it: start afresh
                 return pb.Status(code=status, message=message.decode(errors="replace"))

@@ -18,6 +18,7 @@ import logging
 import mmap
 import time
 from concurrent.futures import Executor
+from ssl import SSLContext
 
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
 from mooncake_store.common.grant import GRANT_BYTES, GrantMode, verify_grant
@@ -237,8 +238,11 @@ class _Connection(asyncio.BufferedProtocol):
             self._expect("header", memoryview(self._header))
 
 
-async def start_data_server(access: DataAccess, host: str, port: int) -> asyncio.Server:
+async def start_data_server(
+    access: DataAccess, host: str, port: int, ssl: SSLContext | None = None
+) -> asyncio.Server:
+    """Serve the data path on host:port (TLS with an `ssl` context)."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: _Connection(access), host, port, reuse_address=True, backlog=1024
+        lambda: _Connection(access), host, port, reuse_address=True, backlog=1024, ssl=ssl
     )

@@ -18,21 +18,30 @@ import grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK, SegmentNotFoundError
+from mooncake_store.common.grpc_options import message_options
+from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
 log = logging.getLogger("mooncake.node")
 
 
 class MasterLink:
-    def __init__(self, master: str, build_mount: Callable[[], pb.MountSegmentRequest]) -> None:
+    def __init__(
+        self,
+        master: str,
+        build_mount: Callable[[], pb.MountSegmentRequest],
+        *,
+        tls: TlsConfig = PLAINTEXT,
+    ) -> None:
         self.master = master
         self._build_mount = build_mount
         first = build_mount()
         self.node_id = first.node_id
         self.incarnation = first.incarnation
-        self._channel = grpc.insecure_channel(master, options=[
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-        ])  # fmt: skip
+        options = message_options(256 * 1024 * 1024)
+        if tls.serves:  # a node with TLS talks TLS to its master, presenting its certificate
+            self._channel = grpc.secure_channel(master, tls.grpc_channel_credentials(), options)
+        else:
+            self._channel = grpc.insecure_channel(master, options=options)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -47,7 +56,8 @@ class MasterLink:
                 self._build_mount(), timeout=timeout_s, wait_for_ready=True
             )
         except grpc.RpcError as exc:
-            log.warning("cannot mount on master %s: %s", self.master, exc.code().name)
+            log.warning("cannot mount on master %s: %s: %s", self.master, exc.code().name,
+                        exc.details())  # fmt: skip
             self.mounted.clear()
             return False
         if reply.status.code != OK:

@@ -82,7 +82,10 @@ class StoreNode:
             self.gpu = await loop.run_in_executor(None, GpuTier, cfg.gpu_bytes)
             self.access.gpu[self.gpu.segment_id] = self.gpu
             inventory_note += f", {format_size(cfg.gpu_bytes)} GPU"
-        self._data_server = await start_data_server(self.access, cfg.host, cfg.port)
+        tls = cfg.tls
+        self._data_server = await start_data_server(
+            self.access, cfg.host, cfg.port, tls.server_context() if tls.serves else None
+        )
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
@@ -92,9 +95,18 @@ class StoreNode:
         self._grpc = grpc.aio.server()
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        control = NodeControl(self.access.dram, self.access.nvme, self.access.gpu, self._io)
+        control = NodeControl(
+            self.access.dram, self.access.nvme, self.access.gpu, self._io,
+            tls=tls.client_context() if tls.serves else None,
+        )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
-        self.control_port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
+        control_address = f"{cfg.host}:{cfg.control_port}"
+        if tls.serves:
+            self.control_port = self._grpc.add_secure_port(
+                control_address, tls.grpc_server_credentials()
+            )
+        else:
+            self.control_port = self._grpc.add_insecure_port(control_address)
         await self._grpc.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.description = (
@@ -102,7 +114,7 @@ class StoreNode:
             f"control {cfg.host}:{self.control_port}"
         )
 
-        self._link = MasterLink(cfg.master, self._mount_request)
+        self._link = MasterLink(cfg.master, self._mount_request, tls=tls)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             log.warning("master %s unreachable; will keep trying to mount", cfg.master)
         self._link.start()

@@ -31,6 +31,8 @@ def test_public_surface_is_pinned_and_sorted():
         "Retry",
         "RpcError",
         "SegmentNotFoundError",
+        "TlsConfig",
+        "TlsError",
     ]
     for name in mooncake_store.__all__:
         assert hasattr(mooncake_store, name)
