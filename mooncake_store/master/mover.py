@@ -16,6 +16,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import OK, ChecksumMismatchError
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -99,7 +100,7 @@ class NodeMover:
             for t in tasks:
                 node = t.src.info.node
                 grant = Grant(t.src.segment_id, t.source.offset, t.size_bytes,
-                              int(t.lease_until_s * 1000), GrantMode.READ)  # fmt: skip
+                              expiry_ms(t.lease_until_s), GrantMode.READ)  # fmt: skip
                 fetches.append(pb.FetchTask(
                     key=t.key, src_endpoint=node.endpoint, grant=sign_grant(node.secret, grant),
                     src_offset=t.source.offset, size_bytes=t.size_bytes, checksum=t.checksum,

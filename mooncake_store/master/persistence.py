@@ -26,14 +26,15 @@ from pathlib import Path
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from mooncake_store.common.checksum import CHUNK_BYTES
+from mooncake_store.common.clock import to_monotonic, to_wall
 from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 
 log = logging.getLogger("mooncake.master")
 
 _PREFIX = b"o/"
 # version, size, checksum, created, replica count, fingerprint / parent key / tag lengths,
-# pinned until (inf: until removed), wanted replicas; then the replicas, then the three
-# variable fields.
+# pinned until (wall clock, see common/clock.py; inf: until removed), wanted replicas; then
+# the replicas, then the three variable fields.
 _HEADER = struct.Struct("<BQQdHBHHdB")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
 _VERSION = 5
@@ -49,7 +50,7 @@ def encode_object(meta: ObjectMeta) -> bytes:
     parts = [
         _HEADER.pack(_VERSION, meta.size_bytes, meta.checksum, meta.created_s,
                      len(meta.replicas), len(meta.fingerprint), len(parent), len(meta.tag),
-                     meta.pin_until_s, min(meta.wanted_replicas, 255))
+                     to_wall(meta.pin_until_s), min(meta.wanted_replicas, 255))
     ]  # fmt: skip
     parts.extend(_REPLICA.pack(r.segment_id, r.offset) for r in meta.replicas)
     parts += [meta.fingerprint, parent, meta.tag]
@@ -81,7 +82,7 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
     return ObjectMeta(
         key, size_bytes, ObjectState.COMPLETE, tuple(replicas), checksum=checksum,
         created_s=created_s, fingerprint=fingerprint, parent_key=parent, tag=tag,
-        pin_until_s=pin_until_s, wanted_replicas=wanted,
+        pin_until_s=to_monotonic(pin_until_s), wanted_replicas=wanted,
     )  # fmt: skip
 
 

@@ -85,7 +85,7 @@ class MasterServer:
                 hot_window_s=config.hot_window_s,
                 hot_reads=config.hot_reads,
             ),
-            clock=time.time,
+            clock=time.monotonic,
             policy=make_policy(
                 config.eviction_policy,
                 **(
@@ -111,7 +111,7 @@ class MasterServer:
             ReplicationConfig(
                 max_replicas=config.max_replicas, max_copies_per_tick=config.max_copies_per_tick
             ),
-            clock=time.time,
+            clock=time.monotonic,
         )
         self.mover = NodeMover(self.table, self.tiering, tls=config.tls)
         self._copying: dict[str, asyncio.Task[None]] = {}

@@ -19,6 +19,7 @@ import grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import (
     OK,
     InvalidArgumentError,
@@ -71,7 +72,7 @@ def _fill_location(
         out.shm_socket = node.shm_socket
     out.offset = offset
     out.size_bytes = size_bytes
-    out.grant = sign(node.secret, segment_id, offset, size_bytes, int(expires_s * 1000), mode)
+    out.grant = sign(node.secret, segment_id, offset, size_bytes, expiry_ms(expires_s), mode)
     out.tier = info.tier.value
 
 
@@ -386,7 +387,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: object
     ) -> pb.ListNodesResponse:
-        now = time.time()
+        now = time.monotonic()
         return pb.ListNodesResponse(
             nodes=[
                 pb.NodeInfo(
