@@ -22,8 +22,15 @@ from mooncake_store.master.server import serve
 @click.option(
     "--sync-commits/--no-sync-commits",
     default=None,
-    help="fsync each group commit before answering (default), or only write it to RocksDB's "
-    "log: commits then survive a master crash but not a host crash.",
+    help="fsync each group commit before answering, or (default) answer once it is in "
+    "RocksDB's log and fsync the log in the background every --sync-interval.",
+)
+@click.option(
+    "--sync-interval",
+    "sync_interval_s",
+    default=None,
+    help="Without --sync-commits: fsync RocksDB's log at least this often while commits are "
+    "unsynced; a host crash loses at most this window (0: never, the OS decides) [100ms].",
 )
 @click.option("--data-dir", default=None, help="RocksDB directory [./mooncake-data/master].")
 @click.option("--lease-ttl", "lease_ttl_s", default=None, help="Read lease, e.g. 5s.")

@@ -19,10 +19,13 @@ class MasterConfig:
     # clients learn from Hello; -1 serves gRPC only.
     framed_port: int = 0
     data_dir: str = "mooncake-data/master"
-    # True: a PutEnd or remove returns after its RocksDB group commit is fsync'd (survives a
-    # host crash).  False: after it is in RocksDB's write-ahead log but not fsync'd (survives a
-    # master crash, kill -9 included, not a host crash); saves the ~0.2-0.3 ms fsync per commit.
-    sync_commits: bool = True
+    # Durability of a commit (PutEnd, remove) when the call returns (master/persistence.py):
+    # True: its RocksDB group commit is fsync'd (survives a host crash; ~0.2-0.3 ms a commit).
+    # False (default): it is in RocksDB's write-ahead log (survives a master crash, kill -9
+    # included) and a background fsync runs at least every `sync_interval_s` (a host crash
+    # loses at most that window; 0: no background fsync, the OS writes the log back).
+    sync_commits: bool = False
+    sync_interval_s: float = duration_field(0.1)
     lease_ttl_s: float = duration_field(5.0)
     put_timeout_s: float = duration_field(30.0)
     heartbeat_interval_s: float = duration_field(1.0)
@@ -75,6 +78,10 @@ class MasterConfig:
         for name in ("lease_ttl_s", "put_timeout_s", "heartbeat_interval_s", "tick_interval_s"):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.sync_interval_s < 0:
+            raise InvalidArgumentError(
+                f"sync_interval_s must be >= 0 (0: no background fsync), got {self.sync_interval_s}"
+            )
         if self.default_replicas < 1:
             raise InvalidArgumentError(
                 f"default_replicas must be >= 1, got {self.default_replicas}"

@@ -1,9 +1,23 @@
 """RocksDB persistence of committed objects, with group commit.
 
 Only committed objects are stored (key `o/<object key>`); pending puts, leases, liveness and
-allocator state are rebuilt at start-up.  A write is durable when `write()` returns: one writer
-task gathers every mutation queued while the previous synced batch was being written and commits
-them as one `WriteBatch` with `sync=True` (one fsync for the whole group).  rocksdict holds the
+allocator state are rebuilt at start-up.  One writer task gathers every mutation queued while
+the previous batch was being written and commits them as one `WriteBatch`.  What `write()`
+returning means depends on the durability mode (the master's `sync_commits` and
+`sync_interval_s`):
+
+- `sync=True` (`--sync-commits`): the batch is fsync'd before `write()` returns (one fsync for
+  the whole group); a commit survives a host crash.
+- `sync=False` with `sync_interval_s > 0` (the default, 100 ms): the batch is in RocksDB's
+  write-ahead log (the OS holds it: it survives a master crash, kill -9 included) and a
+  background thread fsyncs the log at least every `sync_interval_s` while there are unsynced
+  writes.  A host crash loses at most that window, and always a suffix of the log (never a
+  commit before one that survived).
+- `sync=False`, `sync_interval_s == 0`: the log is never fsync'd by the master; the OS writes
+  it back when it likes.
+
+The window mode fsyncs in a thread: rocksdict releases the GIL in `flush_wal`, so the loop keeps
+serving meanwhile.  rocksdict holds the
 GIL during the fsync, which is why per-RPC synced puts would cap the master near 3k writes/s
 while grouped ones reach ~250k/s.  A PutEnd with no other put in flight has nobody to wait for,
 and is written on the spot (`alone=True`).
@@ -20,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
@@ -89,13 +105,22 @@ def decode_object(key: str, blob: bytes) -> ObjectMeta:
 class MetadataStore:
     """Committed-object records in RocksDB under `path`, written with group commit."""
 
-    def __init__(self, path: str | Path, *, sync: bool = True) -> None:
+    def __init__(
+        self, path: str | Path, *, sync: bool = True, sync_interval_s: float = 0.0
+    ) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db = Rdict(str(path), options)
         self._sync = WriteOptions()
         self._sync.sync = sync  # False: in the WAL (the OS has it), not fsync'd
+        # Background fsync of the WAL (only without per-commit fsync): see the module docstring.
+        self.sync_interval_s = 0.0 if sync else max(0.0, sync_interval_s)
+        self._syncer: asyncio.Task[None] | None = None
+        self._sync_thread: ThreadPoolExecutor | None = None
+        self._unsynced = False  # written since the last background fsync began
+        self.background_syncs = 0
+        self.last_sync_s = 0.0  # duration of the last background fsync
         self._queue: list[tuple[dict[bytes, bytes | None], asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -130,8 +155,27 @@ class MetadataStore:
             self.legacy_dropped = len(legacy)
 
     def start(self) -> None:
+        loop = asyncio.get_running_loop()
         if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+            self._writer = loop.create_task(self._write_loop())
+        if self._syncer is None and self.sync_interval_s > 0:
+            self._sync_thread = ThreadPoolExecutor(1, thread_name_prefix="mooncake-wal-sync")
+            self._syncer = loop.create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        """Fsync the WAL at least every `sync_interval_s` while there are unsynced writes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self.sync_interval_s - self.last_sync_s))
+            if self._unsynced and self._db is not None:
+                await loop.run_in_executor(self._sync_thread, self._sync_wal)
+
+    def _sync_wal(self) -> None:
+        started = time.monotonic()
+        self._unsynced = False  # before the fsync: a write landing meanwhile waits for the next
+        self._db.flush_wal(True)
+        self.last_sync_s = time.monotonic() - started
+        self.background_syncs += 1
 
     async def write(
         self, puts: Sequence[ObjectMeta] = (), deletes: Sequence[str] = (), *, alone: bool = False
@@ -159,13 +203,26 @@ class MetadataStore:
         await future
 
     async def close(self) -> None:
-        """Flush what is queued, stop the writer and close the database (idempotent)."""
+        """Flush what is queued, stop the writer, fsync the log and close the database
+        (idempotent)."""
         if self._writer is not None:
             self._closing = True
             self._wakeup.set()
             await self._writer
             self._writer = None
+        if self._syncer is not None:
+            self._syncer.cancel()
+            try:
+                await self._syncer  # an fsync in flight finishes first (the thread is not cut)
+            except asyncio.CancelledError:
+                pass
+            self._syncer = None
+        if self._sync_thread is not None:
+            self._sync_thread.shutdown(wait=True)
+            self._sync_thread = None
         if self._db is not None:
+            if not self._sync.sync:
+                self._db.flush_wal(True)  # a clean stop loses nothing in any mode
             self._db.close()
             self._db = None  # type: ignore[assignment]
 
@@ -204,5 +261,6 @@ class MetadataStore:
         # thread bought no overlap and cost two wake-ups (~140 us a commit).  Calls that arrive
         # meanwhile wait in the socket and join the next group.
         self._db.write(batch, self._sync)
+        self._unsynced = True
         self.batches_written += 1
         self.mutations_written += count

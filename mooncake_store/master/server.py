@@ -131,7 +131,11 @@ class MasterServer:
         if self.port is not None:
             return self.port
         data_dir = Path(self.config.data_dir)
-        self._store = MetadataStore(data_dir / "rocksdb", sync=self.config.sync_commits)
+        self._store = MetadataStore(
+            data_dir / "rocksdb",
+            sync=self.config.sync_commits,
+            sync_interval_s=self.config.sync_interval_s,
+        )
         restored = self.table.restore(self._store.load())
         freeze_long_lived()
         self._store.start()

@@ -88,12 +88,17 @@ def test_unknown_setting_and_bad_values(tmp_path):
 
 
 def test_framed_port_and_sync_commits_settings():
-    assert MasterConfig().framed_port == 0 and MasterConfig().sync_commits is True
+    assert MasterConfig().framed_port == 0 and MasterConfig().sync_commits is False
+    assert MasterConfig().sync_interval_s == 0.1  # the default window mode
     assert MasterConfig(framed_port=-1).framed_port == -1  # gRPC only
     for bad in (-2, 65536):
         with pytest.raises(InvalidArgumentError, match="framed_port must be 0-65535"):
             MasterConfig(framed_port=bad)
-    off = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "false"})
-    assert off.sync_commits is False
+    on = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "true"})
+    assert on.sync_commits is True
+    window = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_INTERVAL_S": "250ms"})
+    assert window.sync_interval_s == 0.25
+    with pytest.raises(InvalidArgumentError, match="sync_interval_s must be >= 0"):
+        MasterConfig(sync_interval_s=-1)
     with pytest.raises(InvalidArgumentError, match="M_SYNC_COMMITS"):
         load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "sometimes"})

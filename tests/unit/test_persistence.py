@@ -76,3 +76,34 @@ def test_lone_commit_is_written_inline_and_keeps_order(tmp_path):
     store = MetadataStore(tmp_path / "db")
     assert [m.size_bytes for m in store.load()] == [4096]  # the put, after the delete
     asyncio.run(store.close())
+
+
+def test_window_mode_fsyncs_in_the_background_only_when_something_is_unsynced(tmp_path):
+    """The default mode: a commit returns once it is in the WAL, and a background fsync follows
+    within the interval; an idle store does not fsync; close() fsyncs what is left."""
+
+    async def run() -> tuple[int, int]:
+        store = MetadataStore(tmp_path / "db", sync=False, sync_interval_s=0.01)
+        assert store.sync_interval_s == 0.01
+        store.start()
+        await store.write(puts=[meta("w1")])
+        for _ in range(500):  # poll: the syncer runs every 10 ms
+            if store.background_syncs:
+                break
+            await asyncio.sleep(0.01)
+        synced = store.background_syncs
+        assert synced >= 1 and not store._unsynced
+        await asyncio.sleep(0.05)  # five intervals with nothing written
+        idle = store.background_syncs
+        await store.write(puts=[meta("w2")])
+        await store.close()
+        return synced, idle
+
+    synced, idle = asyncio.run(run())
+    assert idle == synced  # nothing unsynced: no fsync
+    store = MetadataStore(tmp_path / "db")
+    assert sorted(m.key for m in store.load()) == ["w1", "w2"]
+    asyncio.run(store.close())
+    per_commit = MetadataStore(tmp_path / "db2", sync=True, sync_interval_s=0.1)
+    assert per_commit.sync_interval_s == 0  # every commit is fsync'd: no window to cover
+    asyncio.run(per_commit.close())
