@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import mmap
+import os
 import socket
-import struct
 from collections.abc import Callable, Sequence
 from ssl import SSLContext
 
@@ -32,6 +33,7 @@ from mooncake_store.common.errors import (
     error_for_code,
 )
 from mooncake_store.common.grant import GRANT_BYTES
+from mooncake_store.common.shm_handoff import HELLO, HandoffRefused, parse_hello
 from mooncake_store.common.tls import describe_tls_failure
 from mooncake_store.common.wire import (
     MAX_READV_ENTRIES,
@@ -45,7 +47,7 @@ Hasher = ChunkedHasher  # the object checksum (common/checksum.py), fed piece by
 
 _READV_BYTES = 64 * 1024 * 1024  # per READV reply: the node queues it all at once
 
-_HELLO = struct.Struct("<QQ")
+log = logging.getLogger("mooncake.client")
 
 
 class ShmMapper:
@@ -62,11 +64,12 @@ class ShmMapper:
         return entry[1] if entry is not None else None
 
     def worth_probing(self, loc: ReplicaLocation) -> bool:
-        """False when `loc`'s node is known to be on another host."""
+        """False when `loc`'s node is known to be on another host, or refused us its pool."""
         return bool(loc.shm_socket) and loc.shm_socket not in self._remote
 
     def map(self, loc: ReplicaLocation) -> memoryview | None:
-        """Map the pool of `loc`'s node if it is on this host (blocking; run in an executor)."""
+        """Map the pool of `loc`'s node if it is on this host and hands it to this process
+        (blocking; run in an executor).  None: use TCP."""
         view = self.cached(loc)
         if view is not None or not self.worth_probing(loc):
             return view
@@ -74,29 +77,36 @@ class ShmMapper:
         sock.settimeout(2.0)
         try:
             sock.connect("\0" + loc.shm_socket)
-            msg, fds, _, _ = socket.recv_fds(sock, _HELLO.size, 1)
+            msg, fds, _, _ = socket.recv_fds(sock, HELLO.size, 1)
         except OSError as exc:
             if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
                 self._remote.add(loc.shm_socket)
             return None
         finally:
             sock.close()
-        if len(fds) != 1 or len(msg) != _HELLO.size:
-            for fd in fds:
-                socket.close(fd)
+        try:
+            segment_id, size, fd = parse_hello(msg, fds)
+        except HandoffRefused:
+            log.info("node %s keeps its pool to its own uid (and group): using TCP", loc.node_id)
+            self._remote.add(loc.shm_socket)  # it will refuse again: do not ask every time
             return None
-        segment_id, size = _HELLO.unpack(msg)
+        except ValueError as exc:
+            log.warning("node %s: %s; using TCP", loc.node_id, exc)
+            return None
         try:
             if segment_id != loc.segment_id:
                 return None
             mapping = mmap.mmap(
-                fds[0],
+                fd,
                 size,
                 flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
                 prot=mmap.PROT_READ | mmap.PROT_WRITE,
             )
+        except (OSError, ValueError, OverflowError) as exc:
+            log.warning("cannot map the pool of node %s (%s); using TCP", loc.node_id, exc)
+            return None
         finally:
-            socket.close(fds[0])
+            os.close(fd)
         view = memoryview(mapping)
         self._maps[segment_id] = (mapping, view)
         # A node seen with a new segment restarted: its old pool is dead, and holding the

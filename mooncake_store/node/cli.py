@@ -27,6 +27,10 @@ from mooncake_store.node.server import serve
 )  # fmt: skip
 @click.option("--node-id", default=None, help="Stable node name [hostname:port].")
 @click.option(
+    "--shm-group", default=None,
+    help="Group (name or gid) whose members, besides this uid, may map the pool [none].",
+)  # fmt: skip
+@click.option(
     "--config",
     "config_file",
     default=None,

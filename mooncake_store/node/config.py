@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 from dataclasses import dataclass
 
 from mooncake_store.common.config import duration_field, size_field
@@ -28,13 +29,32 @@ class NodeConfig:
     tls_key: str = ""
     tls_ca: str = ""
     tls_require_client_cert: bool = True
+    # Same-host clients of this uid get the DRAM pool over shared memory; a group (name or gid)
+    # lets its members in too.  Everyone else uses TCP.
+    shm_group: str = ""
 
     @property
     def tls(self) -> TlsConfig:
         return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
+    @property
+    def shm_group_gid(self) -> int | None:
+        """The gid of `shm_group` (None when unset)."""
+        if not self.shm_group:
+            return None
+        if self.shm_group.isdigit():
+            return int(self.shm_group)
+        try:
+            return grp.getgrnam(self.shm_group).gr_gid
+        except KeyError:
+            raise InvalidArgumentError(
+                f"shm_group {self.shm_group!r} is not a group on this host: pass --shm-group "
+                "with an existing group name or a numeric gid"
+            ) from None
+
     def __post_init__(self) -> None:
         self.tls.check_daemon()
+        self.shm_group_gid  # noqa: B018 (resolves the group now: a bad name fails at start)
         for name in ("port", "control_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -89,7 +89,10 @@ class StoreNode:
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
-        self._shm = ShmServer(self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes)
+        self._shm = ShmServer(
+            self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes,
+            group_gid=cfg.shm_group_gid,
+        )  # fmt: skip
         self._shm.start()
 
         self._grpc = grpc.aio.server()

@@ -1,32 +1,42 @@
 """Hands the pool's memfd to same-host clients over an abstract unix socket (SCM_RIGHTS).
 
-A client that can connect to the socket named in a replica location is on this host; it
-receives the descriptor plus the segment id and size, maps the pool once and copies directly.
-Abstract sockets live in the network namespace, so this never crosses hosts.
+A client that can connect to the socket named in a replica location is on this host.  If the
+kernel's credentials of the peer (`SO_PEERCRED`) show the node's own uid or a member of the
+node's shm group, it receives the descriptor plus the segment id and size, maps the pool once and
+copies directly; anyone else is told REFUSED and uses the TCP data path (see
+`common/shm_handoff.py`).  Abstract sockets live in the network namespace, so this never
+crosses hosts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
-import struct
 import threading
+
+from mooncake_store.common.shm_handoff import HELLO, REFUSED, peer_allowed, peer_of
 
 log = logging.getLogger("mooncake.node")
 
-HELLO = struct.Struct("<QQ")  # segment id, size
-
 
 class ShmServer:
-    def __init__(self, name: str, fd: int, segment_id: int, size_bytes: int) -> None:
+    def __init__(
+        self, name: str, fd: int, segment_id: int, size_bytes: int, *, group_gid: int | None = None
+    ) -> None:
         self.name = name
         self._fd = fd
         self._hello = HELLO.pack(segment_id, size_bytes)
+        self._uid = os.getuid()
+        self._group_gid = group_gid
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind("\0" + name)
         self._sock.listen(64)
         self._thread = threading.Thread(target=self._serve, name="shm-server", daemon=True)
         self._closed = False
+        self.granted = 0
+        self.refused = 0
+        self._refused_uids: set[int] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -39,9 +49,25 @@ class ShmServer:
                 return
             with conn:
                 try:
-                    socket.send_fds(conn, [self._hello], [self._fd])
+                    self._hand_off(conn)
                 except OSError as exc:
                     log.debug("shm hand-off failed: %s", exc)
+
+    def _hand_off(self, conn: socket.socket) -> None:
+        peer = peer_of(conn)
+        if not peer_allowed(peer, node_uid=self._uid, group_gid=self._group_gid):
+            self.refused += 1
+            if peer.uid not in self._refused_uids:  # once per uid: a client asks per process
+                self._refused_uids.add(peer.uid)
+                log.warning(
+                    "refused the shared-memory pool to pid %d (uid %d): only uid %d%s may map "
+                    "it; that client uses TCP", peer.pid, peer.uid, self._uid,
+                    "" if self._group_gid is None else f" and group {self._group_gid}",
+                )  # fmt: skip
+            conn.sendall(REFUSED)
+            return
+        socket.send_fds(conn, [self._hello], [self._fd])
+        self.granted += 1
 
     def close(self) -> None:
         if self._closed:
