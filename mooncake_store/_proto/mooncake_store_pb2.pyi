@@ -398,3 +398,27 @@ class ReleaseRequest(_message.Message):
     segment_id: int
     offsets: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplicaRef(_message.Message):
+    __slots__ = ("segment_id", "offset")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    offset: int
+    def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CorruptReport(_message.Message):
+    __slots__ = ("key", "checksum", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    checksum: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRef]
+    def __init__(self, key: _Optional[str] = ..., checksum: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRef, _Mapping]]] = ...) -> None: ...
+
+class ReportCorruptRequest(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[CorruptReport]
+    def __init__(self, reports: _Optional[_Iterable[_Union[CorruptReport, _Mapping]]] = ...) -> None: ...

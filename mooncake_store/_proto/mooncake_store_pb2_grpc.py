@@ -134,6 +134,11 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.StatsRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.BatchReportCorrupt = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/BatchReportCorrupt',
+                request_serializer=mooncake__store__pb2.ReportCorruptRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.StatusesResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -262,6 +267,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchReportCorrupt(self, request, context):
+        """Issue 11: a reader reports objects whose every replica failed its checksum; the master
+        deletes each one that is still exactly that allocation (same checksum, every live replica
+        reported), so the next put of the key stores it afresh.  A status per report: OK when
+        deleted, OBJECT_NOT_FOUND when the object is gone or changed since (nothing done).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -364,6 +379,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=mooncake__store__pb2.StatsRequest.FromString,
                     response_serializer=mooncake__store__pb2.StatsResponse.SerializeToString,
+            ),
+            'BatchReportCorrupt': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchReportCorrupt,
+                    request_deserializer=mooncake__store__pb2.ReportCorruptRequest.FromString,
+                    response_serializer=mooncake__store__pb2.StatusesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -906,6 +926,33 @@ class MasterService:
             '/mooncake_store.v1.MasterService/Stats',
             mooncake__store__pb2.StatsRequest.SerializeToString,
             mooncake__store__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchReportCorrupt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/BatchReportCorrupt',
+            mooncake__store__pb2.ReportCorruptRequest.SerializeToString,
+            mooncake__store__pb2.StatusesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -112,10 +112,12 @@ class AsyncClient(ReadFlows, WriteFlows):
         self._staging = HostStaging()
         #: Transfers by data path, and replicas that failed their checksum on read.
         #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by
-        #: endpoint (framed_calls, grpc_calls).
+        #: endpoint (framed_calls, grpc_calls).  Objects whose every replica failed its
+        #: checksum, reported to the master for deletion (corrupt_reported).
         self.counters: dict[str, int] = dict.fromkeys(
             ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
-             "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls"), 0,
+             "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls",
+             "corrupt_reported"), 0,
         )  # fmt: skip
 
     # ---- lifecycle --------------------------------------------------------------------------

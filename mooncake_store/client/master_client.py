@@ -344,6 +344,28 @@ def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:
     return MasterCall("BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists))
 
 
+def report_corrupt_call(
+    reports: Sequence[tuple[str, int, Sequence[ReplicaLocation]]],
+) -> MasterCall[list[MooncakeError | None]]:
+    """Report objects (key, the checksum given, the replicas read) whose every replica failed
+    its checksum; the master deletes those still stored exactly so."""
+    request = pb.ReportCorruptRequest(
+        reports=[
+            pb.CorruptReport(
+                key=key,
+                checksum=checksum,
+                replicas=[pb.ReplicaRef(segment_id=r.segment_id, offset=r.offset) for r in locs],
+            )
+            for key, checksum, locs in reports
+        ]
+    )
+    return MasterCall(
+        "BatchReportCorrupt",
+        request,
+        lambda reply: [status_error(s) for s in reply.statuses],
+    )
+
+
 def remove_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
     return MasterCall(
         "BatchRemove",

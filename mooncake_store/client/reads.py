@@ -17,6 +17,7 @@ from mooncake_store.client.master_client import (
     get_prefix_call,
     get_replica_list_call,
     prefix_match_call,
+    report_corrupt_call,
 )
 from mooncake_store.client.steps import (
     Flow,
@@ -187,7 +188,8 @@ class ReadFlows(LocalPools):
         """Read each object from its best replica, falling over to the next on any failure.
         Objects whose read grants expired before the node saw them (a batch that outlived its
         lease) get fresh replica lists once and are read again."""
-        last = yield from self._read_rounds(remote)
+        failed: list[list[ReplicaLocation]] = [[] for _ in remote]  # checksum failures
+        last = yield from self._read_rounds(remote, failed)
         expired = [n for n, err in enumerate(last) if isinstance(err, GrantExpiredError)]
         if expired:
             keys = [remote[n][0] for n in expired]
@@ -203,9 +205,24 @@ class ReadFlows(LocalPools):
                 else:
                     retry.append((key, info, dest))
                     retried.append(n)
-            again = yield from self._read_rounds(retry)
-            for n, err in zip(retried, again, strict=True):
+            again_failed: list[list[ReplicaLocation]] = [[] for _ in retry]
+            again = yield from self._read_rounds(retry, again_failed)
+            for n, err, bad in zip(retried, again, again_failed, strict=True):
                 last[n] = err
+                failed[n] += bad
+        poisoned = [
+            (key, info.checksum, failed[n])
+            for n, (key, info, _) in enumerate(remote)
+            if isinstance(last[n], ChecksumMismatchError)
+            and {(r.segment_id, r.offset) for r in info.replicas}
+            <= {(r.segment_id, r.offset) for r in failed[n]}
+        ]
+        if poisoned:  # every replica is bad: have the master delete it, so a put heals it
+            try:
+                yield report_corrupt_call(poisoned)
+                self.counters["corrupt_reported"] += len(poisoned)
+            except MooncakeError:
+                pass  # best effort: the read fails with ChecksumMismatchError all the same
         for (key, _, _), err in zip(remote, last, strict=True):
             if err is None:
                 continue
@@ -214,10 +231,13 @@ class ReadFlows(LocalPools):
             raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
 
     def _read_rounds(
-        self, remote: list[tuple[str, ReplicaList, memoryview]]
+        self,
+        remote: list[tuple[str, ReplicaList, memoryview]],
+        failed: list[list[ReplicaLocation]],
     ) -> Flow[list[MooncakeError | None]]:
         """Each round reads the next candidate replica of every object still unread, in
-        parallel (same-host pools first); returns the last error of each object, or None."""
+        parallel (same-host pools first); returns the last error of each object, or None.
+        Replicas that failed their checksum are added to `failed` (one list per object)."""
         if not remote:
             return []
         yield MapPools([loc for _, info, _ in remote for loc in info.replicas])
@@ -244,6 +264,7 @@ class ReadFlows(LocalPools):
                     last[n] = self._verified(key, loc, info, digest)
                     if last[n] is None:
                         break
+                    failed[n].append(loc)
             results: list[MooncakeError | None] = []
             reads = [Transfer(Op.READ, loc, remote[n][2], Hasher()) for n, loc in transfers]
             if reads:
@@ -254,6 +275,8 @@ class ReadFlows(LocalPools):
                     self.counters["tcp_reads"] += 1
                     assert read.hasher is not None
                     err = self._verified(key, loc, info, read.hasher.intdigest())
+                    if err is not None:
+                        failed[n].append(loc)
                 last[n] = err
             todo = [n for n in todo if last[n] is not None and queues[n]]
         return last

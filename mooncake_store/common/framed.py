@@ -37,6 +37,7 @@ METHODS: tuple[str, ...] = (
     "BatchRemove",
     "ListNodes",
     "Stats",
+    "BatchReportCorrupt",
 )
 METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
 

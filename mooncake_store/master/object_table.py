@@ -137,6 +137,7 @@ class ObjectTable(ReplicaRelocation):
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
                 "puts_reclaimed", "gets", "removes", "nodes_expired", "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
+                "objects_corrupt",
             ),
             0,
         )  # fmt: skip
@@ -498,6 +499,50 @@ class ObjectTable(ReplicaRelocation):
         """A snapshot of the object under `key` (any state), or None."""
         slot = self._slot.get(key)
         return None if slot is None else self._snapshot(slot)
+
+    def check_removable(self, key: str) -> ObjectMeta:
+        """What `remove` would delete (the service persists the delete first, then removes).
+
+        Raises:
+            ObjectNotFoundError / ObjectBusyError: as `remove`.
+        """
+        slot = self._slot.get(key)
+        if slot is None:
+            raise ObjectNotFoundError(f"no object under key {key!r}")
+        if self._state[slot] != COMPLETE:
+            raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
+        return self._snapshot(slot)
+
+    def same_object(self, meta: ObjectMeta) -> bool:
+        """True while the object `meta` was taken from is stored (not one put again since)."""
+        slot = self._slot.get(meta.key)
+        return (
+            slot is not None
+            and self._state[slot] == COMPLETE
+            and self._created[slot] == meta.created_s
+            and self._checksum[slot] == meta.checksum
+        )
+
+    def report_corrupt(self, key: str, checksum: int, replicas: Iterable[Replica]) -> bool:
+        """A reader found every replica in `replicas` failing `checksum`: delete the object when
+        that is exactly the allocation stored now (its checksum, and every live replica among
+        those reported), so the next put of the key writes it afresh.  Returns True when the
+        object was deleted; a report about an object that changed since is a no-op."""
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != COMPLETE or self._checksum[slot] != checksum:
+            return False
+        live = {r for r in self._replicas(slot) if r.segment_id in self._segments}
+        if not live or not live <= set(replicas):
+            return False
+        self._delete(slot, self._protected_until(slot))
+        self._dirty[key] = False
+        self.counters["objects_corrupt"] += 1
+        return True
+
+    def mark_dirty(self, keys: Iterable[str]) -> None:
+        """Persist these keys' current state again (after a failed metadata write)."""
+        for key in keys:
+            self._dirty[key] = key in self._slot
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.

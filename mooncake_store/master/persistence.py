@@ -111,7 +111,11 @@ class MetadataStore:
         Path(path).mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
-        self._db = Rdict(str(path), options)
+        self._path, self._options = str(path), options
+        self._db = Rdict(self._path, options)
+        self._failed: Exception | None = None  # the last write failed: reopen before the next
+        self._syncing = False  # a background fsync is running on the handle
+        self.reopened = 0
         self._sync = WriteOptions()
         self._sync.sync = sync  # False: in the WAL (the OS has it), not fsync'd
         # Background fsync of the WAL (only without per-commit fsync): see the module docstring.
@@ -167,8 +171,15 @@ class MetadataStore:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(max(0.0, self.sync_interval_s - self.last_sync_s))
-            if self._unsynced and self._db is not None:
-                await loop.run_in_executor(self._sync_thread, self._sync_wal)
+            if self._unsynced and self._db is not None and self._failed is None:
+                self._syncing = True
+                try:
+                    await loop.run_in_executor(self._sync_thread, self._sync_wal)
+                except Exception as exc:  # the next write reopens the store (see _reopen)
+                    log.error("background fsync of the metadata WAL failed: %s", exc)
+                    self._failed = exc
+                finally:
+                    self._syncing = False
 
     def _sync_wal(self) -> None:
         started = time.monotonic()
@@ -221,9 +232,12 @@ class MetadataStore:
             self._sync_thread.shutdown(wait=True)
             self._sync_thread = None
         if self._db is not None:
-            if not self._sync.sync:
-                self._db.flush_wal(True)  # a clean stop loses nothing in any mode
-            self._db.close()
+            try:
+                if not self._sync.sync:
+                    self._db.flush_wal(True)  # a clean stop loses nothing in any mode
+                self._db.close()
+            except Exception as exc:  # a failed store's flush fails too: nothing more to save
+                log.warning("closing the metadata store failed: %s", exc)
             self._db = None  # type: ignore[assignment]
 
     async def _write_loop(self) -> None:
@@ -260,7 +274,29 @@ class MetadataStore:
         # On the loop, not in a thread: rocksdict keeps the GIL through most of the fsync, so a
         # thread bought no overlap and cost two wake-ups (~140 us a commit).  Calls that arrive
         # meanwhile wait in the socket and join the next group.
-        self._db.write(batch, self._sync)
+        if self._failed is not None:
+            self._reopen()
+        try:
+            self._db.write(batch, self._sync)
+        except Exception as exc:
+            self._failed = exc
+            raise
         self._unsynced = True
         self.batches_written += 1
         self.mutations_written += count
+
+    def _reopen(self) -> None:
+        """Open the database afresh after a failed write (ENOSPC, an I/O error): RocksDB
+        refuses every later write until then, even once space is back.  Raises (and stays
+        failed) while it cannot be opened.  A failed write may still have reached the WAL, so
+        the caller rewrites the true state of the keys it touched (see service.py)."""
+        if self._syncing:  # never close the handle under the fsync thread: the next write will
+            raise RuntimeError(f"metadata store failed ({self._failed}); reopening")
+        try:
+            self._db.close()  # its flush fails too while the disk is full
+        except Exception:
+            pass
+        self._db = Rdict(self._path, self._options)
+        log.warning("metadata store reopened after a failed write (%s)", self._failed)
+        self._failed = None
+        self.reopened += 1

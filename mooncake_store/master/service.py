@@ -206,6 +206,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 except MooncakeError:
                     pass  # its node died meanwhile: already gone
                 out[meta.key] = pb.PutEndResult(status=failure)
+            self.table.mark_dirty(m.key for m in sealed)  # the write may have landed: delete
         else:
             for meta in sealed:
                 try:
@@ -302,17 +303,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.BatchExistsResponse(exists=[self.table.exists(k) for k in request.keys])
 
     async def _remove(self, keys: list[str]) -> list[pb.Status]:
-        statuses: list[pb.Status] = []
-        removed: list[str] = []
+        """Durable before visible: the deletes reach RocksDB first, then the objects go.  When
+        the write fails, nothing is removed and every key reports the failure."""
+        statuses: list[pb.Status | None] = []
+        doomed: list[ObjectMeta] = []
         for key in keys:
             try:
-                self.table.remove(key)
-                removed.append(key)
-                statuses.append(_OK)
+                doomed.append(self.table.check_removable(key))
+                statuses.append(None)
             except MooncakeError as exc:
                 statuses.append(_status(exc))
-        await self.store.write(deletes=removed)
-        return statuses
+        if doomed:
+            try:
+                await self.store.write(deletes=[m.key for m in doomed])
+            except Exception as exc:
+                log.error("removing %d objects: the metadata write failed: %s", len(doomed), exc)
+                self.table.mark_dirty(m.key for m in doomed)  # the write may have landed
+                failure = pb.Status(
+                    code=MooncakeError.code,
+                    message=f"metadata write failed ({exc}); nothing was removed, retry",
+                )
+                return [s or failure for s in statuses]
+            for meta in doomed:
+                if self.table.same_object(meta):  # not removed, lost or put again meanwhile
+                    self.table.remove(meta.key)
+        return [s or _OK for s in statuses]
 
     async def Remove(self, request: pb.KeyRequest, context: object) -> pb.Status:
         return (await self._remove([request.key]))[0]
@@ -405,10 +420,37 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
 
     async def persist_dirty(self) -> None:
-        """Write what evictions, moves and adoptions changed (durable before replies)."""
+        """Write what evictions, moves and adoptions changed (durable before replies).  When
+        the write fails, the keys stay dirty: the next tick writes them again."""
         dirty = self.table.take_dirty()
         if dirty.puts or dirty.deletes:
-            await self.store.write(puts=dirty.puts, deletes=dirty.deletes)
+            try:
+                await self.store.write(puts=dirty.puts, deletes=dirty.deletes)
+            except Exception:
+                self.table.mark_dirty([*(m.key for m in dirty.puts), *dirty.deletes])
+                raise
+
+    # ---- corrupt objects ------------------------------------------------------------------
+
+    async def BatchReportCorrupt(
+        self, request: pb.ReportCorruptRequest, context: object
+    ) -> pb.StatusesResponse:
+        statuses: list[pb.Status] = []
+        for report in request.reports:
+            replicas = [Replica(r.segment_id, r.offset) for r in report.replicas]
+            if self.table.report_corrupt(report.key, report.checksum, replicas):
+                log.warning(
+                    "deleted %r: every replica failed its checksum (%s), as a reader reported",
+                    report.key, ", ".join(f"{r.segment_id:x}@{r.offset}" for r in replicas),
+                )  # fmt: skip
+                statuses.append(_OK)
+            else:
+                gone = ObjectNotFoundError(
+                    f"{report.key!r} is not stored as reported (removed, or written again)"
+                )
+                statuses.append(_status(gone))
+        await self.persist_dirty()
+        return pb.StatusesResponse(statuses=statuses)
 
     async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:
         segments = self.table.segments()
@@ -419,6 +461,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         counters["under_replicated"] = len(self.table.under_replicated)
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
+        counters["metadata_reopened"] = self.store.reopened
         return pb.StatsResponse(
             objects=self.table.object_count(),
             processing=self.table.pending_count(),

@@ -4,19 +4,21 @@ success, a poisoned key heals, a write grant ends with its put."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
+import subprocess
 
 import pytest
 import xxhash
 
-from mooncake_store import Client
+from mooncake_store import ChecksumMismatchError, Client
 from mooncake_store.client.master_client import MasterClient, put_end_call, put_start_call
 from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
-from mooncake_store.common.errors import OK
+from mooncake_store.common.errors import OK, MooncakeError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
-from tests.conftest import FAST_MASTER
+from tests.conftest import FAST_MASTER, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +73,73 @@ def test_a_repeated_put_end_of_a_committed_put_is_a_success(cluster2):
     with Client(cluster2.master_address) as store:
         assert store.get("repeat") == value
         assert store.stats().counters["put_ends_repeated"] == 1
+
+
+@pytest.mark.parametrize("local_shm", [True, False])
+def test_a_key_committed_with_a_wrong_checksum_heals(cluster2, local_shm):
+    """A put committed with a wrong checksum is unreadable; the failed read reports it, the
+    master deletes it, and the next correct put of the key stores and reads back."""
+    key = f"poisoned/{local_shm}"
+    value = os.urandom(30_000)
+    start_and_write(cluster2.master_address, key, value)
+    wrong = xxhash.xxh3_64_intdigest(value) ^ 1
+    master_calls(cluster2.master_address, put_end_call([(key, wrong, [])]))
+    with Client(cluster2.master_address, local_shm=local_shm) as store:
+        with pytest.raises(ChecksumMismatchError):
+            store.get(key)
+        assert store.counters["corrupt_reported"] == 1
+        assert not store.exists(key)
+        result = store.put(key, value)
+        assert not result.deduplicated  # written afresh, not "already stored"
+        assert store.get(key) == value
+        assert store.stats().counters["objects_corrupt"] >= 1
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 4 MiB tmpfs for the master's data directory (needs root: skipped otherwise)."""
+    data = tmp_path / "cluster" / "master"
+    data.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(data)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield tmp_path / "cluster"
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+def fill(path) -> None:
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_remove_is_durable_before_visible_and_the_master_recovers_from_enospc(tiny_disk):
+    with LocalCluster(tiny_disk, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        with Client(cluster.master_address) as store:
+            # Long keys: their deletes need WAL pages the full disk no longer has.
+            keys = [f"kept/{i:04d}/" + "k" * 200 for i in range(100)]
+            store.put_many({k: k.encode() for k in keys})
+            filler = cluster.data_dir / "filler"
+            fill(filler)
+            with pytest.raises(MooncakeError, match="metadata write failed"):
+                store.remove_many(keys)
+            assert all(store.exists_many(keys))  # nothing was removed
+            assert store.get(keys[-1]) == keys[-1].encode()
+            filler.unlink()  # space is back: the running master recovers, no restart
+            store.remove_many(keys)
+            assert not any(store.exists_many(keys))
+            store.put("after", b"written after the recovery")
+            assert store.stats().counters["metadata_reopened"] >= 1
+        assert cluster.master.stop() == 0
+        cluster.start_master()  # what RocksDB holds agrees with what was acknowledged
+        with Client(cluster.master_address) as store:
+            wait_until(lambda: store.exists("after"), what="the node to mount again")
+            assert not any(store.exists_many(keys))
