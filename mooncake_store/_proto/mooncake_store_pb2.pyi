@@ -314,14 +314,16 @@ class HelloRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("framed_port", "version", "framed_socket")
+    __slots__ = ("framed_port", "version", "framed_socket", "framed_host")
     FRAMED_PORT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_HOST_FIELD_NUMBER: _ClassVar[int]
     framed_port: int
     version: str
     framed_socket: str
-    def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ...) -> None: ...
+    framed_host: str
+    def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_host: _Optional[str] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("key", "src_segment", "src_offset", "dst_segment", "dst_offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")

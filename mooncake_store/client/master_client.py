@@ -186,6 +186,7 @@ class MasterClient:
                 return None
             host = _host_of(self.address)
             assert host is not None
+            host = hello.framed_host or host  # the master's --advertise-host, if it has one
             self.framed_endpoint = FramedEndpoint(host, hello.framed_port, hello.framed_socket)
             try:
                 self._framed = await FramedChannel.connect(

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from ssl import SSLContext
 
 from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.addresses import split_host_port
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher
 from mooncake_store.common.errors import (
     OK,
@@ -305,12 +306,12 @@ class TcpPool:
             conn = idle.pop()
             if not conn.broken and conn.transport is not None:
                 return conn
-        host, _, port = endpoint.rpartition(":")
+        host, port = split_host_port(endpoint)
         loop = asyncio.get_running_loop()
         connect = loop.create_connection(
             _Connection,
             host,
-            int(port),
+            port,
             ssl=self.ssl,
             server_hostname=host if self.ssl is not None else None,
         )
@@ -476,9 +477,9 @@ class BlockingNodeConnections:
         self._socks.clear()
 
     def _connect(self, endpoint: str) -> socket.socket:
-        host, _, port = endpoint.rpartition(":")
+        host, port = split_host_port(endpoint)
         try:
-            sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
+            sock = socket.create_connection((host, port), timeout=self.timeout_s)
         except OSError as exc:
             raise _connect_failed(endpoint, exc) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -11,6 +11,10 @@ from mooncake_store.master.server import serve
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default=None, help="Address to bind [127.0.0.1].")
+@click.option(
+    "--advertise-host", default=None,
+    help="Host clients dial the framed endpoint at [the host they dialed for gRPC].",
+)  # fmt: skip
 @click.option("--port", type=int, default=None, help="Port to bind; 0 picks a free one [50051].")
 @click.option(
     "--framed-port",

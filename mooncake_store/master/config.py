@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mooncake_store.common.addresses import advertised_host
 from mooncake_store.common.config import duration_field, size_field
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.tls import TlsConfig
@@ -54,6 +55,9 @@ class MasterConfig:
     tls_key: str = ""
     tls_ca: str = ""
     tls_require_client_cert: bool = True
+    # The host clients dial the framed endpoint at (sent in Hello); empty: the host they dialed
+    # for gRPC.  Never a wildcard address.
+    advertise_host: str = ""
 
     @property
     def tls(self) -> TlsConfig:
@@ -61,6 +65,8 @@ class MasterConfig:
 
     def __post_init__(self) -> None:
         self.tls.check_daemon()
+        if self.advertise_host:
+            advertised_host(self.host, self.advertise_host)  # refuses a wildcard
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(
                 f"port must be 0-65535 (0 picks a free one), got {self.port}"

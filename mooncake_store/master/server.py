@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import make_policy
@@ -148,7 +149,7 @@ class MasterServer:
         add_to_server(self._servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        address = f"{self.config.host}:{self.config.port}"
+        address = join_host_port(self.config.host, self.config.port)
         tls = self.config.tls
         if tls.serves:
             port = server.add_secure_port(address, tls.grpc_server_credentials())

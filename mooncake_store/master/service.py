@@ -98,7 +98,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         from mooncake_store import __version__
 
         return pb.HelloResponse(
-            framed_port=self.framed_port, framed_socket=self.framed_socket, version=__version__
+            framed_port=self.framed_port,
+            framed_socket=self.framed_socket,
+            framed_host=self.config.advertise_host,
+            version=__version__,
         )
 
     # ---- puts -----------------------------------------------------------------------------

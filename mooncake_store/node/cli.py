@@ -11,7 +11,11 @@ from mooncake_store.node.server import serve
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--master", default=None, help="Master address host:port [127.0.0.1:50051].")
-@click.option("--host", default=None, help="Address to bind and advertise [127.0.0.1].")
+@click.option("--host", default=None, help="Address to bind [127.0.0.1].")
+@click.option(
+    "--advertise-host", default=None,
+    help="Address clients and other nodes dial this node at [--host; required with 0.0.0.0].",
+)  # fmt: skip
 @click.option("--port", type=int, default=None, help="TCP data port; 0 picks a free one [0].")
 @click.option(
     "--control-port", type=int, default=None,

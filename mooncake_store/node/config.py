@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 from dataclasses import dataclass
 
+from mooncake_store.common.addresses import advertised_host
 from mooncake_store.common.config import duration_field, size_field
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.tls import TlsConfig
@@ -32,6 +33,9 @@ class NodeConfig:
     # Same-host clients of this uid get the DRAM pool over shared memory; a group (name or gid)
     # lets its members in too.  Everyone else uses TCP.
     shm_group: str = ""
+    # The host put in this node's endpoints (clients and other nodes dial it); default: `host`,
+    # which must then not be a wildcard (0.0.0.0, ::).
+    advertise_host: str = ""
 
     @property
     def tls(self) -> TlsConfig:
@@ -52,8 +56,13 @@ class NodeConfig:
                 "with an existing group name or a numeric gid"
             ) from None
 
+    @property
+    def advertised_host(self) -> str:
+        return advertised_host(self.host, self.advertise_host)
+
     def __post_init__(self) -> None:
         self.tls.check_daemon()
+        self.advertised_host  # noqa: B018 (refuses to advertise a wildcard address)
         self.shm_group_gid  # noqa: B018 (resolves the group now: a bad name fails at start)
         for name in ("port", "control_port"):
             value = getattr(self, name)

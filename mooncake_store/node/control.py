@@ -22,6 +22,7 @@ from concurrent.futures import Executor
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.addresses import split_host_port
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
@@ -144,8 +145,8 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         try:
             sock = conns.get(task.src_endpoint)
             if sock is None:
-                host, _, port = task.src_endpoint.rpartition(":")
-                sock = socket.create_connection((host, int(port)), 30)
+                host, port = split_host_port(task.src_endpoint)
+                sock = socket.create_connection((host, port), 30)
                 if self.tls is not None:
                     sock = self.tls.wrap_socket(sock, server_hostname=host)
                 conns[task.src_endpoint] = sock
@@ -162,7 +163,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                 conns.pop(task.src_endpoint).close()
                 return pb.Status(code=DataPathError.code, message="source sent a wrong size")
             _recv_exact(sock, staged)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a malformed endpoint
             dropped = conns.pop(task.src_endpoint, None)
             if dropped is not None:
                 dropped.close()

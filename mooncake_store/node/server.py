@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.units import format_size
@@ -103,7 +104,7 @@ class StoreNode:
             tls=tls.client_context() if tls.serves else None,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
-        control_address = f"{cfg.host}:{cfg.control_port}"
+        control_address = join_host_port(cfg.host, cfg.control_port)
         if tls.serves:
             self.control_port = self._grpc.add_secure_port(
                 control_address, tls.grpc_server_credentials()
@@ -113,8 +114,9 @@ class StoreNode:
         await self._grpc.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.description = (
-            f"{format_size(cfg.dram_bytes)} DRAM{inventory_note}: data {cfg.host}:{self.port}, "
-            f"control {cfg.host}:{self.control_port}"
+            f"{format_size(cfg.dram_bytes)} DRAM{inventory_note}: "
+            f"data {join_host_port(cfg.advertised_host, self.port)}, "
+            f"control {join_host_port(cfg.advertised_host, self.control_port)}"
         )
 
         self._link = MasterLink(cfg.master, self._mount_request, tls=tls)
@@ -150,9 +152,9 @@ class StoreNode:
         return pb.MountSegmentRequest(
             node_id=self.node_id,
             incarnation=self.incarnation,
-            endpoint=f"{cfg.host}:{self.port}",
+            endpoint=join_host_port(cfg.advertised_host, self.port),
             shm_socket=self._shm_name,
-            control_endpoint=f"{cfg.host}:{self.control_port}",
+            control_endpoint=join_host_port(cfg.advertised_host, self.control_port),
             secret=self.secret,
             segments=segments,
         )
