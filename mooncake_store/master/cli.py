@@ -106,6 +106,13 @@ from mooncake_store.master.server import serve
 @click.option("--max-copies-per-tick", type=int, default=None,
               help="Node-to-node copies started per 250 ms tick [128].")  # fmt: skip
 @click.option(
+    "--max-pending-share",
+    type=float,
+    default=None,
+    help="Share of a node's pool that puts started and not yet ended may hold (and evict "
+    "committed blocks for) [0.5].",
+)
+@click.option(
     "--config",
     "config_file",
     default=None,

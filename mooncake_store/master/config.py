@@ -49,6 +49,9 @@ class MasterConfig:
     hot_window_s: float = duration_field(10.0)
     max_replicas: int = 3
     max_copies_per_tick: int = 128
+    # Puts started and not yet committed may hold at most this share of a node's pool (and
+    # evict committed blocks only for that much); a pool holding none takes any one put.
+    max_pending_share: float = 0.5
     # TLS (common/tls.py): PEM paths; cert + key serve TLS on gRPC and the framed endpoint, and
     # ca verifies the nodes' control endpoints and (with require_client_cert) every client.
     tls_cert: str = ""
@@ -112,5 +115,9 @@ class MasterConfig:
             raise InvalidArgumentError("hot_reads must be >= 0 (0: off) and max_replicas >= 1")
         if self.promote_after_reads < 1 or self.max_moves_per_tick < 1:
             raise InvalidArgumentError("promote_after_reads and max_moves_per_tick must be >= 1")
+        if not 0 < self.max_pending_share <= 1:
+            raise InvalidArgumentError(
+                f"max_pending_share must be in (0, 1], got {self.max_pending_share}"
+            )
         if self.max_message_bytes < 4 * 1024 * 1024:
             raise InvalidArgumentError("max_message_bytes must be at least 4MiB")

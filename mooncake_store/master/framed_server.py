@@ -53,8 +53,13 @@ class _Resume:
 
 
 class _Connection(asyncio.Protocol):
+    """One client connection; it is the `context` of the servicer calls it carries, and its
+    `owner_id` names the puts it started (revoked when it closes)."""
+
     def __init__(self, server: FramedServer) -> None:
         self.server = server
+        server.opened += 1
+        self.owner_id = server.opened
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -66,6 +71,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        closed = getattr(self.server.servicer, "connection_closed", None)
+        if closed is not None:
+            closed(self.owner_id)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -95,7 +103,7 @@ class _Connection(asyncio.Protocol):
         except DecodeError as exc:
             self.reply(call_id, FrameStatus.BAD_REQUEST, f"malformed request: {exc}".encode())
             return
-        coro = call(request, None)
+        coro = call(request, self)
         try:
             waiting = coro.send(None)
         except StopIteration as stop:
@@ -131,6 +139,8 @@ class FramedServer:
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.tls = tls
+        self.servicer = servicer
+        self.opened = 0  # connections accepted: each one's owner id
         self.handlers: dict[int, tuple[Handler, type[Message]]] = {
             i: (getattr(servicer, name), message_types(name)[0]) for i, name in enumerate(METHODS)
         }

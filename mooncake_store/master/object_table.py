@@ -70,6 +70,9 @@ class TableConfig:
     alignment: int = 4096
     hot_window_s: float = 10.0
     hot_reads: int = 0  # reads within a window that make a block hot (0: no hot replicas)
+    # Puts started and not committed may hold at most this share of a segment (and evict
+    # committed blocks only for that much); a segment holding none takes one put of any size.
+    max_pending_share: float = 0.5
 
 
 @dataclass(slots=True)
@@ -123,6 +126,8 @@ class ObjectTable(ReplicaRelocation):
             alignment=config.alignment,
         )
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
+        self._owner_of: dict[str, int] = {}  # PROCESSING key -> the connection that started it
+        self._owned: dict[int, set[str]] = {}  # connection -> its PROCESSING keys
         self._fingerprints: dict[bytes, bytes] = {}
         # (free at, segment generation, segment, offset, size): frees that wait for a lease
         self._deferred: list[tuple[float, int, int, int, int]] = []
@@ -170,13 +175,16 @@ class ObjectTable(ReplicaRelocation):
         parent_key: str = "",
         tag: bytes = b"",
         pin_ttl_s: float | None = None,
+        owner: int = 0,
     ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
 
         `fingerprint` names the writer's identity (reads presenting another are refused),
         `parent_key` the previous block of its prefix chain, `tag` small application metadata,
         `pin_ttl_s` protects it from eviction (0 or inf: until removed; None: not pinned).
-        When no node has room, victims are evicted synchronously.
+        `owner` names the client connection (0: none): `revoke_owner` ends its pending puts.
+        When no node has room, victims are evicted synchronously, for at most
+        `max_pending_share` of a segment held by pending puts.
 
         Raises:
             InvalidKeyError / InvalidValueError / InvalidArgumentError: bad key, size or metadata.
@@ -236,9 +244,19 @@ class ObjectTable(ReplicaRelocation):
             )
         extent = fast[0].allocator.aligned(size_bytes)
         wanted = replicas or self.config.default_replicas
-        chosen = choose_segments(fast, extent, wanted)
+        share = self.config.max_pending_share
+        open_ = [
+            s for s in fast
+            if not s.pending_bytes or s.pending_bytes + extent <= share * s.allocator.capacity_bytes
+        ]  # fmt: skip
+        if not open_:
+            raise NoSpaceError(
+                f"puts started and not yet ended hold {share:.0%} of every node's pool (the "
+                f"master's max_pending_share): end or revoke them, or retry shortly"
+            )
+        chosen = choose_segments(open_, extent, wanted)
         if not chosen:
-            chosen = self._evict_for(fast, extent)
+            chosen = self._evict_for(open_, extent)
         if not chosen:
             leased = sum(
                 self._segments[sid].allocator.aligned(size)
@@ -256,6 +274,7 @@ class ObjectTable(ReplicaRelocation):
             offset = seg.allocator.allocate(size_bytes)
             assert offset is not None, "placement chose a segment without room"
             seg.objects += 1
+            seg.pending_bytes += extent
             placements.append((seg, Replica(seg.segment_id, offset)))
         slot = self._new_slot(
             key, size_bytes, PROCESSING, tuple(r for _, r in placements), created_s=now,
@@ -265,6 +284,11 @@ class ObjectTable(ReplicaRelocation):
         self._cold_set(slot, "pin_until_s", pin_until)
         deadline = now + self.config.put_timeout_s
         self._pending[key] = deadline
+        if owner:
+            self._owner_of[key] = owner
+            self._owned.setdefault(owner, set()).add(key)
+        else:
+            self._owner_of.pop(key, None)
         self.counters["puts_started"] += 1
         return PutStartOutcome(False, placements, deadline)
 
@@ -347,6 +371,7 @@ class ObjectTable(ReplicaRelocation):
         failed = set(failed_segments)
         if failed:
             replicas = self._replicas(slot)
+            self._unpend(slot, [r for r in replicas if r.segment_id in failed])
             self._set_replicas(slot, tuple(r for r in replicas if r.segment_id not in failed))
             self._free(slot, [r for r in replicas if r.segment_id in failed], 0.0)
         if not self._replicas(slot):
@@ -381,6 +406,7 @@ class ObjectTable(ReplicaRelocation):
             raise ReplicaUnavailableError(f"every replica of {key!r} was lost while committing")
         self._state[slot] = COMPLETE
         replicas = self._replicas(slot)
+        self._unpend(slot, replicas)
         for r in replicas:
             self._cache(slot, r.segment_id)
         if len(replicas) < self._wanted[slot]:  # best effort now, more when nodes allow
@@ -633,6 +659,7 @@ class ObjectTable(ReplicaRelocation):
     def validate(self) -> None:
         """Check cross-structure invariants (used by tests)."""
         per_segment: dict[int, list[tuple[int, int]]] = {}  # extents held by replicas
+        pending: dict[int, int] = {}  # bytes held by puts not committed yet
         for key, slot in self._slot.items():
             assert self._key[slot] == key
             replicas = self._replicas(slot)
@@ -647,6 +674,8 @@ class ObjectTable(ReplicaRelocation):
                 else:
                     extent = (r.offset, seg.allocator.aligned(self._size[slot]))
                     per_segment.setdefault(r.segment_id, []).append(extent)
+                    if self._state[slot] != COMPLETE:
+                        pending[r.segment_id] = pending.get(r.segment_id, 0) + extent[1]
         assert sorted(self._free_slots) == [s for s, key in enumerate(self._key) if key is None], (
             "free slots out of step with the key column"
         )
@@ -661,6 +690,7 @@ class ObjectTable(ReplicaRelocation):
         for seg in self._segments.values():
             extents = per_segment.get(seg.segment_id, [])
             assert seg.objects == len(extents), "segment object count"
+            assert seg.pending_bytes == pending.get(seg.segment_id, 0), "pending bytes"
             seg.allocator.validate(
                 extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, [])
             )
@@ -714,6 +744,39 @@ class ObjectTable(ReplicaRelocation):
             else:
                 self._free_extent(seg, r.offset, size_bytes)
 
+    def _unpend(self, slot: int, replicas: Iterable[Replica]) -> None:
+        """These replicas of a pending put no longer count against their segment's share;
+        the put no longer belongs to a connection."""
+        extent = 0
+        for r in replicas:
+            seg = self._segments.get(r.segment_id)
+            if seg is not None:
+                extent = extent or seg.allocator.aligned(self._size[slot])
+                seg.pending_bytes -= extent
+        key = self._key[slot]
+        owner = self._owner_of.pop(key, 0) if key is not None else 0
+        if owner:
+            keys = self._owned.get(owner)
+            if keys is not None:
+                keys.discard(key)  # type: ignore[arg-type]
+                if not keys:
+                    del self._owned[owner]
+
+    def revoke_owner(self, owner: int) -> list[str]:
+        """Revoke the pending puts of a client connection that closed; return their keys.
+        Puts it already ended (being committed) are left to finish."""
+        revoked: list[str] = []
+        for key in self._owned.pop(owner, ()):
+            if self._owner_of.get(key) != owner:
+                continue
+            del self._owner_of[key]
+            slot = self._slot.get(key)
+            if slot is not None and self._state[slot] == PROCESSING:
+                self._delete(slot, 0.0)
+                self.counters["puts_revoked"] += 1
+                revoked.append(key)
+        return revoked
+
     def _lose_replica(self, slot: int, replica: Replica) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
         key = self._key[slot]
@@ -746,6 +809,8 @@ class ObjectTable(ReplicaRelocation):
     def _delete(self, slot: int, free_at_s: float) -> None:
         key = self._key[slot]
         assert key is not None
+        if self._state[slot] != COMPLETE:
+            self._unpend(slot, self._replicas(slot))
         self._free(slot, self._replicas(slot), free_at_s)
         self._release_slot(slot)
         self._pending.pop(key, None)

@@ -52,13 +52,14 @@ class Segment:
     allocator, and a deferred free or a copy planned against an older one is stale.
     """
 
-    __slots__ = ("allocator", "generation", "info", "objects", "persistent")
+    __slots__ = ("allocator", "generation", "info", "objects", "pending_bytes", "persistent")
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, generation: int = 0) -> None:
         self.info = info
         self.allocator = allocator
         self.generation = generation
         self.objects = 0
+        self.pending_bytes = 0  # extents of puts started and not yet committed
         self.persistent = info.tier.persistent  # read on every lookup
 
     @property

@@ -85,6 +85,7 @@ class MasterServer:
                 alignment=config.alignment_bytes,
                 hot_window_s=config.hot_window_s,
                 hot_reads=config.hot_reads,
+                max_pending_share=config.max_pending_share,
             ),
             clock=time.monotonic,
             policy=make_policy(

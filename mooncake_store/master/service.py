@@ -106,7 +106,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- puts -----------------------------------------------------------------------------
 
-    def _put_start(self, item: pb.PutStartItem) -> pb.PutStartResult:
+    def _put_start(self, item: pb.PutStartItem, owner: int = 0) -> pb.PutStartResult:
         try:
             outcome = self.table.put_start(
                 item.key,
@@ -116,6 +116,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 parent_key=item.parent_key,
                 tag=item.tag,
                 pin_ttl_s=item.pin_ttl_s if item.pin else None,
+                owner=owner,
             )
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
@@ -130,17 +131,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         )
 
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
-        return (await self._put_start_batch([request]))[0]
+        return (await self._put_start_batch([request], context))[0]
 
-    async def _put_start_batch(self, items: list[pb.PutStartItem]) -> list[pb.PutStartResult]:
-        results = [self._put_start(i) for i in items]
+    async def _put_start_batch(
+        self, items: list[pb.PutStartItem], context: object
+    ) -> list[pb.PutStartResult]:
+        # A framed connection names itself (`owner_id`): its pending puts are revoked when it
+        # closes (`connection_closed`).  gRPC tells the server of no connection's end: those
+        # puts end by PutEnd, PutRevoke or the put timeout.
+        owner = getattr(context, "owner_id", 0)
+        results = [self._put_start(i, owner) for i in items]
         await self.persist_dirty()  # evicted blocks are gone for good before their space is reused
         return results
 
     async def BatchPutStart(
         self, request: pb.BatchPutStartRequest, context: object
     ) -> pb.BatchPutStartResponse:
-        return pb.BatchPutStartResponse(results=await self._put_start_batch(list(request.items)))
+        return pb.BatchPutStartResponse(
+            results=await self._put_start_batch(list(request.items), context)
+        )
+
+    def connection_closed(self, owner: int) -> None:
+        """A client connection closed: its pending puts will never end, revoke them now."""
+        revoked = self.table.revoke_owner(owner)
+        if revoked:
+            log.info("revoked %d pending puts of a client that disconnected", len(revoked))
 
     def _repeated_put_end(self, item: pb.PutEndItem) -> pb.PutEndResult | None:
         """The reply to a PutEnd of a put already sealed with the same checksum (a retry whose

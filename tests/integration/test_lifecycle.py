@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from mooncake_store import ChecksumMismatchError, Client
-from mooncake_store.client.master_client import MasterClient, put_end_call, put_start_call
+from mooncake_store.client.master_client import MasterClient, put_end_call
 from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.common.errors import OK, MooncakeError
@@ -26,19 +26,6 @@ def cluster2(tmp_path_factory):
     root = tmp_path_factory.mktemp("lifecycle")
     with LocalCluster(root, nodes=2, dram="32MiB", master_args=FAST_MASTER) as c:
         yield c
-
-
-def master_calls(master: str, *calls):
-    """Run master calls in order on one MasterClient; return their parsed replies."""
-
-    async def run():
-        client = MasterClient(master, timeout_s=5, retry=Retry())
-        try:
-            return [await client.run(call) for call in calls]
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
 
 
 def send(loc: ReplicaLocation, op: Op, offset: int, payload: bytes) -> int:
@@ -56,19 +43,28 @@ def send(loc: ReplicaLocation, op: Op, offset: int, payload: bytes) -> int:
         return status
 
 
-def start_and_write(master: str, key: str, value: bytes) -> ReplicaLocation:
-    [[plan]] = master_calls(master, put_start_call([PutSpec(key, len(value), 1)]))
-    loc = plan.replicas[0]
-    assert send(loc, Op.WRITE, loc.offset, value) == OK
-    return loc
+def put_with_ends(master: str, key: str, value: bytes, *checksums: int) -> list:
+    """PutStart, write the value with the write grant, then one BatchPutEnd per checksum, all
+    on one master connection (a closed connection revokes its pending puts)."""
+
+    async def run():
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            [plan] = await client.put_start([PutSpec(key, len(value), 1)])
+            loc = plan.replicas[0]
+            assert send(loc, Op.WRITE, loc.offset, value) == OK
+            return [await client.run(put_end_call([(key, c, [])])) for c in checksums]
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
 
 
 def test_a_repeated_put_end_of_a_committed_put_is_a_success(cluster2):
     """A BatchPutEnd the master committed but whose reply was lost, sent again, succeeds."""
     value = os.urandom(50_000)
-    start_and_write(cluster2.master_address, "repeat", value)
-    end = put_end_call([("repeat", xxhash.xxh3_64_intdigest(value), [])])
-    first, again = master_calls(cluster2.master_address, end, end)
+    digest = xxhash.xxh3_64_intdigest(value)
+    first, again = put_with_ends(cluster2.master_address, "repeat", value, digest, digest)
     assert first == [1] and again == [1]  # both report one replica, no ObjectNotFoundError
     with Client(cluster2.master_address) as store:
         assert store.get("repeat") == value
@@ -81,9 +77,7 @@ def test_a_key_committed_with_a_wrong_checksum_heals(cluster2, local_shm):
     master deletes it, and the next correct put of the key stores and reads back."""
     key = f"poisoned/{local_shm}"
     value = os.urandom(30_000)
-    start_and_write(cluster2.master_address, key, value)
-    wrong = xxhash.xxh3_64_intdigest(value) ^ 1
-    master_calls(cluster2.master_address, put_end_call([(key, wrong, [])]))
+    put_with_ends(cluster2.master_address, key, value, xxhash.xxh3_64_intdigest(value) ^ 1)
     with Client(cluster2.master_address, local_shm=local_shm) as store:
         with pytest.raises(ChecksumMismatchError):
             store.get(key)
@@ -143,3 +137,33 @@ def test_remove_is_durable_before_visible_and_the_master_recovers_from_enospc(ti
         with Client(cluster.master_address) as store:
             wait_until(lambda: store.exists("after"), what="the node to mount again")
             assert not any(store.exists_many(keys))
+
+
+def test_abandoned_puts_of_a_closed_connection_neither_evict_nor_block(cluster2):
+    """One client starts 10k puts and disconnects: committed objects stay, later puts work."""
+    master = cluster2.master_address
+    with Client(master) as store:
+        kept = {f"kept/{i}": os.urandom(256 * 1024) for i in range(40)}  # 10 MiB of 64
+        store.put_many(kept)
+        evictions = store.stats().counters["evictions"]
+
+    async def abandon() -> list:
+        client = MasterClient(master, timeout_s=30, retry=Retry())
+        try:
+            specs = [PutSpec(f"abandoned/{i}", 16 * 1024, 1) for i in range(10_000)]
+            return await client.put_start(specs)
+        finally:
+            await client.close()  # the connection drops with every put still pending
+
+    plans = asyncio.run(abandon())
+    assert any(not isinstance(p, Exception) for p in plans)
+    with Client(master) as store:
+        wait_until(lambda: store.stats().processing == 0, timeout_s=10,
+                   what="the closed connection's puts to be revoked")  # fmt: skip
+        stats = store.stats()
+        assert stats.counters["evictions"] == evictions  # nothing committed was evicted
+        assert all(store.exists_many(list(kept)))
+        later = {f"later/{i}": os.urandom(256 * 1024) for i in range(40)}
+        store.put_many(later)  # no NoSpaceError
+        assert store.get("later/39") == later["later/39"]
+        store.remove_many([*kept, *later])

@@ -3,6 +3,7 @@
 
 import pytest
 
+from mooncake_store.common.errors import NoSpaceError
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 
@@ -93,3 +94,41 @@ def test_a_free_the_allocator_refuses_is_logged_not_raised(table, caplog):
     assert table.counters["stale_frees"] == 1
     assert "stale free" in caplog.text
     assert table.read("k").live[0][1].offset == offset
+
+
+def test_pending_puts_hold_at_most_their_share_and_evict_only_for_it(clock):
+    t = ObjectTable(TableConfig(max_pending_share=0.5), clock=clock)
+    mount(t, "node-a", 7)  # 8 MiB
+    for i in range(6):
+        commit(t, f"committed-{i}")  # 6 MiB committed
+    started = 0
+    with pytest.raises(NoSpaceError, match="max_pending_share"):
+        for i in range(100):
+            t.put_start(f"pending-{i}", MiB, 1, owner=9)
+            started += 1
+    assert started == 4  # 4 MiB: half the pool; 2 MiB of committed blocks made room
+    assert t.counters["evictions"] == 2
+    assert sum(t.exists(f"committed-{i}") for i in range(6)) == 4
+    t.validate()
+    assert sorted(t.revoke_owner(9)) == [f"pending-{i}" for i in range(4)]
+    assert t.segment(7).pending_bytes == 0
+    for i in range(4):
+        commit(t, f"after-{i}")  # the space the abandoned puts held is free again
+    t.validate()
+
+
+def test_a_closed_connection_revokes_only_its_own_unsealed_puts(table):
+    table.put_start("mine", MiB, 1, owner=1)
+    table.put_start("sealed", MiB, 1, owner=1)
+    table.put_end("sealed", 5)  # being committed: left to finish
+    table.put_start("theirs", MiB, 1, owner=2)
+    table.put_start("grpc", MiB, 1)
+    assert table.revoke_owner(1) == ["mine"]
+    table.commit_put_end("sealed")
+    assert table.exists("sealed")
+    assert table.revoke_owner(1) == []
+    table.put_start("mine", MiB, 1)  # started again without a connection: not revoked later
+    assert table.revoke_owner(1) == []
+    table.put_revoke("mine")
+    table.put_revoke("theirs")
+    table.put_revoke("grpc")
