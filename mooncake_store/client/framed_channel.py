@@ -3,9 +3,11 @@
 One persistent TCP connection (TLS when the client has TLS settings; the same-host unix socket
 stays plain) carries every call of the client, pipelined: each call writes one
 frame and waits on a future that the reply with its call id resolves.  A lost connection fails
-every call in flight with `ChannelClosedError`; the MasterClient then reconnects (asking the
-master for its framed port again, since a restarted master may have a new one) under its retry
-policy.
+every call in flight with `ChannelClosedError` (`sent` says whether the request had gone out);
+the MasterClient then reconnects (asking the master for its framed port again, since a restarted
+master may have a new one) and retries what its retry rules allow.  A call that gets no reply in
+time fails alone with `CallTimeoutError`: the connection stays open for the other calls in
+flight, and its late reply, if one comes, is dropped.
 """
 
 from __future__ import annotations
@@ -48,7 +50,31 @@ class FramedEndpoint:
 
 
 class ChannelClosedError(ConnectionError):
-    """The framed connection to the master is gone (the call may or may not have run)."""
+    """The framed connection to the master is gone.  `sent` False: the request never went out
+    (safe to send again); True: it did, and may or may not have run."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class CallTimeoutError(TimeoutError):
+    """No reply within the call's timeout (the call may or may not have run).  The connection
+    stays usable unless `broken` (a reply was cut off half-read)."""
+
+    def __init__(self, message: str, *, broken: bool = False) -> None:
+        super().__init__(message)
+        self.broken = broken
+
+
+def keep_alive(sock: socket.socket) -> None:
+    """TCP keepalive probes, so a connection to a master whose host vanished fails in ~25 s
+    instead of leaving every call on it to time out (a timeout does not close it)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class FramedCallError(Exception):
@@ -96,6 +122,9 @@ class FramedChannel:
                 ssl=ssl,
                 server_hostname=endpoint.host if ssl is not None else None,
             )
+            raw = transport.get_extra_info("socket")
+            if raw is not None:
+                keep_alive(raw)
         channel._transport = transport  # type: ignore[assignment]
         return channel
 
@@ -108,10 +137,17 @@ class FramedChannel:
             self._transport.close()
 
     async def call(self, name: str, request: Message, timeout_s: float) -> Message:
-        """Send one call and wait for its reply; TimeoutError after `timeout_s`."""
+        """Send one call and wait for its reply.
+
+        Raises:
+            ChannelClosedError: the connection is closed (`sent` False) or was lost after the
+                request went out (`sent` True).
+            CallTimeoutError: no reply within `timeout_s`; the connection stays open.
+            FramedCallError: the master answered with an error status.
+        """
         transport = self._transport
         if transport is None or transport.is_closing():
-            raise ChannelClosedError(f"framed connection to {self.address} is closed")
+            raise ChannelClosedError(f"framed connection to {self.address} is closed", sent=False)
         loop = asyncio.get_running_loop()
         call_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         future: asyncio.Future[Message] = loop.create_future()
@@ -128,7 +164,7 @@ class FramedChannel:
     def _expire(self, call_id: int) -> None:
         entry = self._pending.pop(call_id, None)
         if entry is not None and not entry[0].done():
-            entry[0].set_exception(TimeoutError(f"no reply from {self.address}"))
+            entry[0].set_exception(CallTimeoutError(f"no reply from {self.address} in time"))
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -158,20 +194,26 @@ class FramedChannel:
         for future, _ in pending.values():
             if not future.done():
                 future.set_exception(
-                    ChannelClosedError(f"framed connection to {self.address} was lost: {exc}")
+                    ChannelClosedError(
+                        f"framed connection to {self.address} was lost: {exc}", sent=True
+                    )
                 )
 
 
 class BlockingFramedChannel:
     """One blocking framed connection, for one thread at a time (the sync Client keeps one per
     thread): a call is a send and a receive, with no event loop between the caller and the
-    socket.  Any OSError leaves the channel unusable; callers drop it and fall back."""
+    socket.  A call that times out before any of its reply arrived leaves the channel usable
+    (the late reply is skipped by the next call); any other failure leaves it unusable
+    (`broken`), and the caller drops it."""
 
     def __init__(self, sock: socket.socket, address: str, *, max_frame_bytes: int) -> None:
         self.sock = sock
         self.address = address
         self.max_frame_bytes = max_frame_bytes
+        self.broken = False
         self._next_id = 0
+        self._abandoned: set[int] = set()  # calls that timed out: their replies are skipped
         self._buffer = bytearray(64 * 1024)
 
     @classmethod
@@ -188,6 +230,7 @@ class BlockingFramedChannel:
         if sock is None:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)
             if ssl is not None:
                 try:
                     sock = ssl.wrap_socket(sock, server_hostname=endpoint.host)
@@ -203,38 +246,87 @@ class BlockingFramedChannel:
         return self.sock.family == socket.AF_UNIX
 
     def close(self) -> None:
+        self.broken = True
         self.sock.close()
 
     def call(self, name: str, request: Message) -> Message:
-        """Send one call and read its reply (the method's reply type, from REPLY_TYPES)."""
+        """Send one call and read its reply (the method's reply type, from REPLY_TYPES).
+
+        Raises:
+            ChannelClosedError: the request could not be sent (`sent` False) or the connection
+                failed after it was (`sent` True).
+            CallTimeoutError: no reply within the socket's timeout.
+            FramedCallError: the master answered with an error status.
+        """
+        if self.broken:
+            raise ChannelClosedError(f"framed connection to {self.address} is closed", sent=False)
         call_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         payload = request.SerializeToString()
-        self.sock.sendall(HEADER.pack(len(payload), call_id, METHOD_IDS[name]) + payload)
-        view = memoryview(self._buffer)
-        got = 0
-        while got < HEADER.size:
-            n = self.sock.recv_into(view[got:])
-            if n == 0:
-                raise ChannelClosedError(f"framed connection to {self.address} was closed")
-            got += n
-        length, reply_id, status = HEADER.unpack_from(view)
-        if reply_id != call_id:
-            raise ChannelClosedError(f"reply {reply_id} to call {call_id} from {self.address}")
-        if length > self.max_frame_bytes:
-            raise ChannelClosedError(f"reply of {length} bytes from {self.address} is too big")
-        total = HEADER.size + length
-        if total > len(self._buffer):
-            grown = bytearray(total)
-            grown[:got] = view[:got]
-            self._buffer = grown
-            view = memoryview(grown)
-        while got < total:
-            n = self.sock.recv_into(view[got:total])
-            if n == 0:
-                raise ChannelClosedError(f"framed connection to {self.address} was closed")
-            got += n
-        body = view[HEADER.size : total]
+        try:
+            self.sock.sendall(HEADER.pack(len(payload), call_id, METHOD_IDS[name]) + payload)
+        except OSError as exc:
+            # Not all of the frame went out, and the connection is dropped with the part that
+            # did: the master never runs a frame it did not receive whole.
+            self.broken = True
+            raise ChannelClosedError(
+                f"sending to {self.address} failed: {exc}", sent=False
+            ) from exc
+        while True:
+            try:
+                reply_id, status, body = self._read_frame()
+            except CallTimeoutError as exc:
+                if exc.broken:
+                    self.broken = True
+                else:
+                    self._abandoned.add(call_id)
+                raise
+            except OSError as exc:
+                self.broken = True
+                raise ChannelClosedError(
+                    f"framed connection to {self.address} failed: {exc}", sent=True
+                ) from exc
+            if reply_id == call_id:
+                break
+            if reply_id not in self._abandoned:
+                self.broken = True
+                raise ChannelClosedError(
+                    f"reply {reply_id} to call {call_id} from {self.address}", sent=True
+                )
+            self._abandoned.discard(reply_id)  # the late reply of a call that timed out
         if status != FrameStatus.OK:
             message = bytes(body).decode("utf-8", "replace")
             raise FramedCallError(f"status {status}: {message}")
         return REPLY_TYPES[name].FromString(body)
+
+    def _read_frame(self) -> tuple[int, int, memoryview]:
+        """The next reply frame: (call id, status, body, a view valid until the next read)."""
+        view = memoryview(self._buffer)
+        got = 0
+        # With a late reply still to come, two frames may be queued: read no further than this
+        # one's header.  Otherwise only this reply can come, and one read usually takes it all.
+        ahead = view[: HEADER.size] if self._abandoned else view
+        try:
+            while got < HEADER.size:
+                n = self.sock.recv_into(ahead[got:])
+                if n == 0:
+                    raise ConnectionError("the master closed the connection")
+                got += n
+            length, reply_id, status = HEADER.unpack_from(view)
+            if length > self.max_frame_bytes:
+                raise ConnectionError(f"a reply of {length} bytes is too big")
+            total = HEADER.size + length
+            if total > len(self._buffer):
+                grown = bytearray(total)
+                grown[:got] = view[:got]
+                self._buffer = grown
+                view = memoryview(grown)
+            while got < total:
+                n = self.sock.recv_into(view[got:total])
+                if n == 0:
+                    raise ConnectionError("the master closed the connection")
+                got += n
+        except TimeoutError:
+            raise CallTimeoutError(
+                f"no reply from {self.address} in time", broken=got > 0
+            ) from None
+        return reply_id, status, view[HEADER.size : total]

@@ -1,8 +1,14 @@
 """The client's view of the master: typed calls over grpc.aio, with errors translated once.
 
 This is the one boundary where `grpc.RpcError` becomes a MooncakeError: an unreachable master
-becomes MasterUnavailableError naming its address, per-key statuses become the exception class
-their code names (`common.errors.error_for_code`).
+becomes MasterUnavailableError naming its address, a call without a reply in time
+MasterTimeoutError, per-key statuses the exception class their code names
+(`common.errors.error_for_code`).
+
+Retries know what they repeat (see `Retry`): a call is sent again only when it provably never
+reached the master (no connection, or the connection was closed before the request went out) or
+when it is idempotent (`MasterCall.idempotent`).  A timeout fails that call alone: the shared
+framed connection stays open for the calls in flight beside it.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.client.framed_channel import FramedCallError, FramedChannel, FramedEndpoint
+from mooncake_store.client.framed_channel import (
+    CallTimeoutError,
+    ChannelClosedError,
+    FramedCallError,
+    FramedChannel,
+    FramedEndpoint,
+)
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, ReplicaLocation, Retry
 from mooncake_store.common.errors import (
     OK,
+    MasterTimeoutError,
     MasterUnavailableError,
     MooncakeError,
     RpcError,
@@ -41,6 +54,18 @@ from mooncake_store.common.tls import (
 R = TypeVar("R")
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class _NotSent(Exception):
+    """The request provably never reached the master: always safe to try again."""
+
+
+class _Unanswered(Exception):
+    """The request went out and the connection died before its reply (it may have run)."""
+
+
+class _TimedOut(Exception):
+    """The request went out and no reply came in time (it may have run)."""
 
 
 def _location(loc: pb.ReplicaLocation) -> ReplicaLocation:
@@ -199,35 +224,34 @@ class MasterClient:
                 raise TlsError(describe_tls_failure(exc, address) or str(exc)) from exc
             return self._framed
 
-    async def _call(self, name: str, request: Message) -> Any:
+    async def _call(self, name: str, request: Message, *, idempotent: bool) -> Any:
+        """Make one call, retried where that is safe (see the module docstring)."""
         delays = self.retry.delays()
         for attempt in range(len(delays) + 1):
             try:
-                channel = self._framed
-                if channel is None or channel.closed:
-                    channel = await self.framed_channel() if self._framed_wanted else None
-                if channel is not None:
-                    reply = await channel.call(name, request, self.timeout_s)
-                    self.counters["framed_calls"] += 1
-                    return reply
-                reply = await getattr(self._stub, name)(request, timeout=self.timeout_s)
-                self.counters["grpc_calls"] += 1
-                return reply
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _UNREACHABLE:
-                    raise RpcError(
-                        f"master {self.address} failed the call: {exc.code().name}: {exc.details()}"
-                    ) from exc
-                self._raise_tls_failure(exc)
-                problem = f"{exc.code().name}: {exc.details()}"
-            except FramedCallError as exc:
-                raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
-            except OSError as exc:  # refused, reset, closed or timed out framed connection
-                if self._framed is not None:
-                    self._framed.close()
-                    self._framed = None
-                problem = f"{type(exc).__name__}: {exc}"
+                return await self._attempt(name, request, idempotent)
+            except _NotSent as exc:
+                problem, timed_out = str(exc), False
+            except _Unanswered as exc:
+                if not idempotent:
+                    raise MasterUnavailableError(
+                        f"the connection to the mooncake master at {self.address} was lost "
+                        f"during {name} ({exc}); it may or may not have taken effect"
+                    ) from None
+                problem, timed_out = str(exc), False
+            except _TimedOut as exc:
+                if not idempotent:
+                    raise MasterTimeoutError(
+                        f"mooncake master at {self.address} did not answer {name} within "
+                        f"{self.timeout_s:g}s ({exc}); it may or may not have taken effect"
+                    ) from None
+                problem, timed_out = str(exc), True
             if attempt == len(delays):
+                if timed_out:
+                    raise MasterTimeoutError(
+                        f"mooncake master at {self.address} did not answer {name} within "
+                        f"{self.timeout_s:g}s, {attempt + 1} tries ({problem})"
+                    )
                 hint = self._tls_hint(", or ")
                 raise MasterUnavailableError(
                     f"mooncake master at {self.address} is unreachable ({problem}); "
@@ -236,9 +260,60 @@ class MasterClient:
             await asyncio.sleep(delays[attempt])
         raise AssertionError("unreachable")
 
+    async def _attempt(self, name: str, request: Message, idempotent: bool) -> Any:
+        """One try, its failure classified as _NotSent, _Unanswered or _TimedOut."""
+        channel = self._framed
+        if channel is None or channel.closed:
+            try:
+                channel = await self.framed_channel() if self._framed_wanted else None
+            except grpc.aio.AioRpcError as exc:  # the Hello: our request is not sent yet
+                if exc.code() not in _UNREACHABLE:
+                    raise self._failed(name, exc) from exc
+                self._raise_tls_failure(exc)
+                raise _NotSent(f"{exc.code().name}: {exc.details()}") from None
+            except MooncakeError:  # TlsError: it would fail the same way again
+                raise
+            except OSError as exc:  # connecting to the framed endpoint
+                raise _NotSent(f"{type(exc).__name__}: {exc}") from None
+        if channel is not None:
+            try:
+                reply = await channel.call(name, request, self.timeout_s)
+            except FramedCallError as exc:
+                raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
+            except CallTimeoutError as exc:
+                raise _TimedOut(str(exc)) from None
+            except ChannelClosedError as exc:
+                if self._framed is channel:
+                    self._framed = None
+                raise (_Unanswered if exc.sent else _NotSent)(str(exc)) from None
+            self.counters["framed_calls"] += 1
+            return reply
+        if not idempotent:
+            # gRPC cannot say whether a failed call left: only send once the channel is up.
+            try:
+                await asyncio.wait_for(self._channel.channel_ready(), self.timeout_s)
+            except TimeoutError:
+                raise _NotSent("no gRPC connection to the master") from None
+        try:
+            reply = await getattr(self._stub, name)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _TimedOut(f"{exc.code().name}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self._raise_tls_failure(exc)
+                raise _Unanswered(f"{exc.code().name}: {exc.details()}") from None
+            raise self._failed(name, exc) from exc
+        self.counters["grpc_calls"] += 1
+        return reply
+
+    def _failed(self, name: str, exc: grpc.aio.AioRpcError) -> RpcError:
+        return RpcError(
+            f"master {self.address} failed the call {name}: {exc.code().name}: {exc.details()}"
+        )
+
     async def run(self, call: MasterCall[R]) -> R:
         """Make one master call and parse its reply."""
-        return call.parse(await self._call(call.name, call.request))
+        return call.parse(await self._call(call.name, call.request, idempotent=call.idempotent))
 
     async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
         return await self.run(put_start_call(items))
@@ -249,10 +324,12 @@ class MasterClient:
         return await self.run(get_replica_list_call(keys, fingerprint))
 
     async def stats(self) -> pb.StatsResponse:
-        return await self._call("Stats", pb.StatsRequest())  # type: ignore[no-any-return]
+        reply = await self._call("Stats", pb.StatsRequest(), idempotent=True)
+        return reply  # type: ignore[no-any-return]
 
     async def list_nodes(self) -> pb.ListNodesResponse:
-        return await self._call("ListNodes", pb.ListNodesRequest())  # type: ignore[no-any-return]
+        reply = await self._call("ListNodes", pb.ListNodesRequest(), idempotent=True)
+        return reply  # type: ignore[no-any-return]
 
 
 # ---- calls as values -------------------------------------------------------------------------
@@ -263,9 +340,14 @@ class MasterClient:
 
 @dataclass(frozen=True, slots=True)
 class MasterCall(Generic[R]):
+    """A request, the function that parses its reply, and whether sending it twice is safe
+    (the master's answer and state are the same after a repeat): only such calls are retried
+    after they may have reached the master."""
+
     name: str
     request: Message
     parse: Callable[[Any], R]
+    idempotent: bool = False
 
 
 def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | MooncakeError]]:
@@ -303,10 +385,13 @@ def put_end_call(
     request = pb.BatchPutEndRequest(
         items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
     )
+    # Idempotent: the master answers a repeated PutEnd of a put it committed with the same
+    # checksum as it answered the first (a retry whose first reply was lost reports success).
     return MasterCall(
         "BatchPutEnd",
         request,
         lambda reply: [status_error(r.status) or r.replicas for r in reply.results],
+        idempotent=True,
     )
 
 
@@ -326,23 +411,25 @@ def get_replica_list_call(
     keys: Sequence[str], fingerprint: bytes = b""
 ) -> MasterCall[list[ReplicaList | MooncakeError]]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("BatchGetReplicaList", request, _replica_lists)
+    return MasterCall("BatchGetReplicaList", request, _replica_lists, idempotent=True)
 
 
 def get_prefix_call(
     keys: Sequence[str], fingerprint: bytes = b""
 ) -> MasterCall[list[ReplicaList | MooncakeError]]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("GetPrefix", request, _replica_lists)
+    return MasterCall("GetPrefix", request, _replica_lists, idempotent=True)
 
 
 def prefix_match_call(keys: Sequence[str], fingerprint: bytes = b"") -> MasterCall[int]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("PrefixMatch", request, lambda reply: int(reply.matched))
+    return MasterCall("PrefixMatch", request, lambda reply: int(reply.matched), idempotent=True)
 
 
 def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:
-    return MasterCall("BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists))
+    return MasterCall(
+        "BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists), idempotent=True
+    )
 
 
 def report_corrupt_call(

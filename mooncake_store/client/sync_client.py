@@ -18,12 +18,22 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient
-from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedCallError
+from mooncake_store.client.framed_channel import (
+    BlockingFramedChannel,
+    CallTimeoutError,
+    ChannelClosedError,
+    FramedCallError,
+)
 from mooncake_store.client.master_client import MasterCall, MasterClient
 from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.transport import BlockingNodeConnections
 from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
-from mooncake_store.common.errors import MooncakeError, RpcError
+from mooncake_store.common.errors import (
+    MasterTimeoutError,
+    MasterUnavailableError,
+    MooncakeError,
+    RpcError,
+)
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
 
@@ -112,6 +122,9 @@ class Client:
         )
 
     def _master_call(self, call: MasterCall[T]) -> T:
+        """One master call on this thread's blocking framed socket.  What may be tried again
+        (see `Retry`) goes to the async path, which retries, reconnects and asks the master
+        for its endpoint again; what may not raises here."""
         channel = self._channel()
         if channel is not None:
             try:
@@ -120,10 +133,22 @@ class Client:
                 return call.parse(reply)
             except FramedCallError as exc:
                 raise RpcError(f"master {self.master} failed the call {call.name}: {exc}") from exc
-            except OSError:
-                # Reset, refused or timed out: drop this socket and let the async path (which
-                # retries, reconnects and asks the master for its endpoint again) make the call.
+            except CallTimeoutError as exc:
+                # The socket stays (the late reply is skipped), unless the reply was cut off.
+                if channel.broken:
+                    self._drop_channel(channel)
+                if not call.idempotent:
+                    raise MasterTimeoutError(
+                        f"mooncake master at {self.master} did not answer {call.name} within "
+                        f"{self._async.timeout_s:g}s ({exc}); it may or may not have taken effect"
+                    ) from None
+            except ChannelClosedError as exc:
                 self._drop_channel(channel)
+                if exc.sent and not call.idempotent:
+                    raise MasterUnavailableError(
+                        f"the connection to the mooncake master at {self.master} was lost "
+                        f"during {call.name} ({exc}); it may or may not have taken effect"
+                    ) from None
         return self._run(self._call_on_loop(call))
 
     async def _call_on_loop(self, call: MasterCall[T]) -> T:

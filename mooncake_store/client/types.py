@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 
@@ -66,20 +67,37 @@ class PutResult:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Retry policy for master calls that fail because the master is unreachable.
+    """Retry policy for master calls.
 
-    `attempts` counts the first try; the wait doubles from `backoff_s` up to `max_backoff_s`.
+    A call is retried only where that is safe: when it provably never reached the master (the
+    connection was refused or lost before the request went out), or when repeating it cannot
+    change the outcome (lookups, exists, stats, and PutEnd, which the master answers the same
+    way twice).  Anything else that fails after it was sent raises at once:
+    `MasterTimeoutError` without a reply, `MasterUnavailableError` when the connection died.
+
+    `attempts` counts the first try.  The waits between tries are jittered ("decorrelated
+    jitter": each is drawn between `backoff_s` and three times the previous one, capped at
+    `max_backoff_s`), so clients that lost a master together do not come back in lockstep;
+    `jitter=False` gives the plain doubling schedule.
     """
 
     attempts: int = 3
     backoff_s: float = 0.05
     max_backoff_s: float = 1.0
+    jitter: bool = True
 
-    def delays(self) -> list[float]:
-        out, delay = [], self.backoff_s
+    def delays(self, rng: random.Random | None = None) -> list[float]:
+        """The waits before each retry (one fewer than `attempts`)."""
+        draw = rng or random
+        out: list[float] = []
+        delay = self.backoff_s
         for _ in range(max(0, self.attempts - 1)):
-            out.append(delay)
-            delay = min(delay * 2, self.max_backoff_s)
+            if self.jitter:
+                delay = min(self.max_backoff_s, draw.uniform(self.backoff_s, delay * 3))
+                out.append(delay)
+            else:
+                out.append(delay)
+                delay = min(delay * 2, self.max_backoff_s)
         return out
 
 

@@ -8,6 +8,7 @@ failed is revoked, so a half-written object is never visible.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
+
+log = logging.getLogger("mooncake.client")
 
 
 @dataclass(slots=True)
@@ -137,7 +140,7 @@ class WriteFlows(LocalPools):
             # Cancelled or broken mid-write: leave nothing pending behind (best effort; the
             # master also reclaims puts that never end).
             if to_write:
-                yield put_revoke_call([p.key for p in to_write])
+                yield from self._revoke([p.key for p in to_write])
             raise
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
@@ -150,7 +153,7 @@ class WriteFlows(LocalPools):
                 else:
                     committed[p.key] = end
         if to_revoke:
-            yield put_revoke_call([p.key for p in to_revoke])
+            yield from self._revoke([p.key for p in to_revoke])
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
         for p in pending:
@@ -164,6 +167,15 @@ class WriteFlows(LocalPools):
             else:  # a repeat within the batch
                 results.append(PutResult(key, 0, True))
         return results
+
+    def _revoke(self, keys: list[str]) -> Flow[None]:
+        """Revoke puts that failed, best effort: a revoke that cannot reach the master does
+        not hide why the put failed (the master reclaims a put that never ends anyway)."""
+        try:
+            yield put_revoke_call(keys)
+        except MooncakeError as exc:
+            log.info("could not revoke %d failed puts (the master reclaims them): %s",
+                     len(keys), exc)  # fmt: skip
 
     def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""

@@ -21,8 +21,9 @@ the most specific class.
     │   └── AccessDeniedError          the node refused the grant (expired, forged, out of range)
     └── RpcError                       the master call failed
         ├── MasterUnavailableError     (also ConnectionError) master unreachable at an address
-        └── TlsError                   (also ConnectionError) TLS handshake failed (untrusted
+        ├── TlsError                   (also ConnectionError) TLS handshake failed (untrusted
                                        certificate, TLS on one side only)
+        └── MasterTimeoutError         (also TimeoutError) no reply in time: outcome unknown
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ class TlsError(RpcError, ConnectionError):
     code = -910
 
 
+class MasterTimeoutError(RpcError, TimeoutError):
+    """A master call got no reply within the client's `timeout_s`.  The call may or may not
+    have taken effect; the client retries it only where repeating it is safe (lookups, and a
+    PutEnd, which the master answers the same way twice)."""
+
+    code = -902
+
+
 OK = 0
 
 _BY_CODE: dict[int, type[MooncakeError]] = {
@@ -143,6 +152,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         RpcError,
         MasterUnavailableError,
         TlsError,
+        MasterTimeoutError,
     )
 }
 

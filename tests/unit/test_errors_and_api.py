@@ -19,6 +19,7 @@ def test_public_surface_is_pinned_and_sorted():
         "InvalidArgumentError",
         "InvalidKeyError",
         "InvalidValueError",
+        "MasterTimeoutError",
         "MasterUnavailableError",
         "MooncakeError",
         "NoSpaceError",

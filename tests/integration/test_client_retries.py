@@ -1,0 +1,134 @@
+"""Retries that know what they repeat: a stalled master, timeouts and the shared connection.
+
+The master is stalled with SIGSTOP / SIGCONT (a real process, frozen as a GC pause, a swap
+storm or an overloaded host would freeze it).  Liveness settings stay at their defaults, so the
+nodes are not dropped while the master is frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mooncake_store import AsyncClient, Client, MasterTimeoutError
+from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedChannel
+from mooncake_store.cluster import LocalCluster
+
+STALL_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("retries")
+    with LocalCluster(root, nodes=1, dram="32MiB") as c:
+        yield c
+
+
+class Stall:
+    """Freeze the master for `STALL_S` from the moment the first call named `method` is about
+    to be sent (the fault is injected at the client so that it hits exactly that call)."""
+
+    def __init__(self, cluster: LocalCluster, method: str) -> None:
+        self.cluster = cluster
+        self.method = method
+        self.fired = threading.Event()
+        self.resumed = threading.Event()
+
+    def maybe_fire(self, name: str) -> None:
+        if name != self.method or self.fired.is_set():
+            return
+        self.fired.set()
+        assert self.cluster.master is not None
+        self.cluster.master.signal(signal.SIGSTOP)
+
+        def resume() -> None:
+            assert self.cluster.master is not None
+            self.cluster.master.signal(signal.SIGCONT)
+            self.resumed.set()
+
+        threading.Timer(STALL_S, resume).start()
+
+
+@pytest.fixture
+def stall_on(cluster, monkeypatch):
+    """stall_on("BatchPutEnd") arms a Stall on both clients' framed channels."""
+    stalls: list[Stall] = []
+    blocking_call = BlockingFramedChannel.call
+    async_call = FramedChannel.call
+
+    def blocking(self, name, request):
+        for s in stalls:
+            s.maybe_fire(name)
+        return blocking_call(self, name, request)
+
+    async def pipelined(self, name, request, timeout_s):
+        for s in stalls:
+            s.maybe_fire(name)
+        return await async_call(self, name, request, timeout_s)
+
+    monkeypatch.setattr(BlockingFramedChannel, "call", blocking)
+    monkeypatch.setattr(FramedChannel, "call", pipelined)
+
+    def arm(method: str) -> Stall:
+        stall = Stall(cluster, method)
+        stalls.append(stall)
+        return stall
+
+    yield arm
+    for s in stalls:  # never leave the master frozen
+        if s.fired.is_set():
+            assert s.resumed.wait(10)
+
+
+def test_a_remove_that_times_out_is_not_sent_again(cluster, stall_on):
+    """A remove is not idempotent in what it reports (a repeat finds nothing to remove): after
+    a timeout it raises MasterTimeoutError instead of being re-sent."""
+    with Client(cluster.master_address, timeout_s=1.0) as store:
+        store.put("to-remove", b"x" * 100)
+        stall = stall_on("BatchRemove")
+        with pytest.raises(MasterTimeoutError, match="may or may not have taken effect"):
+            store.remove("to-remove")
+        assert stall.resumed.wait(10)
+        # It ran exactly once, after the master woke up; the same socket serves the next call
+        # (the late reply is skipped).
+        assert store.exists("to-remove") is False
+        assert store.remove("to-remove") is False
+
+
+def test_one_call_timing_out_leaves_the_shared_connection_and_other_calls_alone(cluster):
+    """Two calls in flight on the async client's one framed connection; the first times out.
+    The second is neither failed nor re-sent: the remove it carries runs once and reports True
+    (re-sent, it would have found nothing left to remove and reported False)."""
+    timeout_s = 3.0
+    assert cluster.master is not None
+    master = cluster.master
+
+    async def run() -> None:
+        async with AsyncClient(cluster.master_address, timeout_s=timeout_s) as store:
+            await store.put("present", b"p" * 100)
+            await store.put("doomed", b"d" * 100)
+            channel = await store._master_client().framed_channel()
+            assert channel is not None
+            master.signal(signal.SIGSTOP)
+            try:
+                start = time.monotonic()
+                first = asyncio.ensure_future(store.exists("present"))  # times out, retried
+                await asyncio.sleep(timeout_s / 2)
+                second = asyncio.ensure_future(store.remove("doomed"))
+                # Resume after the first call's deadline, well before the second's.
+                await asyncio.sleep(max(0.0, start + timeout_s + 0.3 - time.monotonic()))
+                assert not first.done() or first.exception() is None
+            finally:
+                master.signal(signal.SIGCONT)
+            assert await second is True
+            assert await first is True
+            assert not channel.closed
+            assert await store._master_client().framed_channel() is channel
+            assert await store.exists("doomed") is False
+
+    asyncio.run(run())
