@@ -18,6 +18,7 @@ import pytest
 from mooncake_store import AsyncClient, Client, MasterTimeoutError
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedChannel
 from mooncake_store.cluster import LocalCluster
+from tests.conftest import wait_until
 
 STALL_S = 1.5
 
@@ -85,6 +86,34 @@ def stall_on(cluster, monkeypatch):
             assert s.resumed.wait(10)
 
 
+def test_sync_put_during_a_master_stall_at_put_end_reports_success(cluster, stall_on):
+    """The PutEnd times out (1 s) while the master is frozen (1.5 s); it is retried, and the
+    master answers the repeat as it answered the first: the put succeeded, and says so."""
+    value = b"committed once" * 1000
+    with Client(cluster.master_address, timeout_s=1.0) as store:
+        stall = stall_on("BatchPutEnd")
+        result = store.put("stalled-sync", value)
+        assert stall.fired.is_set()
+        assert result.replicas == 1 and not result.deduplicated
+        assert store.exists("stalled-sync")
+        assert store.get("stalled-sync") == value
+
+
+def test_async_put_during_a_master_stall_at_put_end_reports_success(cluster, stall_on):
+    value = b"committed once, async" * 1000
+
+    async def run() -> None:
+        async with AsyncClient(cluster.master_address, timeout_s=1.0) as store:
+            stall = stall_on("BatchPutEnd")
+            result = await store.put("stalled-async", value)
+            assert stall.fired.is_set()
+            assert result.replicas == 1 and not result.deduplicated
+            assert await store.exists("stalled-async")
+            assert await store.get("stalled-async") == value
+
+    asyncio.run(run())
+
+
 def test_a_remove_that_times_out_is_not_sent_again(cluster, stall_on):
     """A remove is not idempotent in what it reports (a repeat finds nothing to remove): after
     a timeout it raises MasterTimeoutError instead of being re-sent."""
@@ -94,9 +123,9 @@ def test_a_remove_that_times_out_is_not_sent_again(cluster, stall_on):
         with pytest.raises(MasterTimeoutError, match="may or may not have taken effect"):
             store.remove("to-remove")
         assert stall.resumed.wait(10)
-        # It ran exactly once, after the master woke up; the same socket serves the next call
-        # (the late reply is skipped).
-        assert store.exists("to-remove") is False
+        # It ran once the master woke up (durable, then applied); the same socket serves the
+        # next calls (the late reply is skipped).
+        wait_until(lambda: store.exists("to-remove") is False, what="the remove to apply")
         assert store.remove("to-remove") is False
 
 
