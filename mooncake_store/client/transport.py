@@ -37,6 +37,7 @@ from mooncake_store.common.grant import GRANT_BYTES
 from mooncake_store.common.shm_handoff import HELLO, HandoffRefused, parse_hello
 from mooncake_store.common.tls import describe_tls_failure
 from mooncake_store.common.wire import (
+    MAX_ERROR_BYTES,
     MAX_READV_ENTRIES,
     RESPONSE,
     Op,
@@ -221,6 +222,9 @@ class _Connection(asyncio.BufferedProtocol):
             status, _, size = RESPONSE.unpack(self._header)
             self._status = status
             if status != OK:
+                if size > MAX_ERROR_BYTES:
+                    self._finish(exc=DataPathError(f"node sent an error reply of {size} bytes"))
+                    return
                 self._stage, self._target, self._filled = "error", memoryview(bytearray(size)), 0
             elif self._dests is not None:
                 expected = sum(len(d) for d in self._dests)
@@ -664,6 +668,8 @@ class BlockingNodeConnections:
             _recv_exactly(sock, memoryview(header)[got:])
             status, _, size = RESPONSE.unpack(header)
             if status != OK:
+                if size > MAX_ERROR_BYTES:
+                    raise DataPathError(f"node sent an error reply of {size} bytes")
                 message = bytearray(size)
                 _recv_exactly(sock, memoryview(message))
                 return error_for_code(status, message.decode(errors="replace"))
