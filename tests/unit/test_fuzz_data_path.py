@@ -124,7 +124,7 @@ def feed(data: bytes, cuts: list[int]) -> tuple[RecordingTransport, DataAccess]:
 headers = st.builds(
     lambda magic, op, grant_len, offset, size: REQUEST.pack(
         magic, op, 0, grant_len, 0, offset, size
-    ),  # fmt: skip
+    ),
     st.sampled_from([MAGIC, MAGIC, MAGIC, 0, 0xFFFF]),
     st.integers(0, 255),
     st.integers(0, 0xFFFF),
@@ -197,7 +197,7 @@ def test_signed_requests_outside_their_grant_are_refused(request, payload, cut_a
         ),
         min_size=1,
         max_size=5,
-    ),  # fmt: skip
+    ),
     st.integers(0, 2**64 - 1),
     cuts,
 )
@@ -257,8 +257,12 @@ def _ping(port: int) -> tuple[int, int, int]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.one_of(st.binary(max_size=300), st.tuples(headers, st.binary(max_size=64)).map(
-    lambda t: t[0] + t[1])))  # fmt: skip
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.tuples(headers, st.binary(max_size=64)).map(lambda t: t[0] + t[1]),
+    )
+)
 def test_real_server_survives_hostile_streams(data_server, data):
     port, _ = data_server
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
