@@ -217,8 +217,11 @@ def parse_claims(token: str) -> Claims:
             token_id=str(payload["i"]),
             node_id=str(payload.get("n", "")),
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise AccessDeniedError(f"malformed token ({exc}); {HOW_TO_GET_A_TOKEN}") from exc
+    except RecursionError:  # deeply nested JSON (found by tests/unit/test_fuzz_*)
+        problem = f"malformed token (nested too deep); {HOW_TO_GET_A_TOKEN}"
+        raise AccessDeniedError(problem) from None
     return claims
 
 
