@@ -152,9 +152,9 @@ class StoreNode:
         return pb.MountSegmentRequest(
             node_id=self.node_id,
             incarnation=self.incarnation,
-            endpoint=join_host_port(cfg.advertised_host, self.port),
+            endpoint=join_host_port(cfg.advertised_host, self.port or 0),
             shm_socket=self._shm_name,
-            control_endpoint=join_host_port(cfg.advertised_host, self.control_port),
+            control_endpoint=join_host_port(cfg.advertised_host, self.control_port or 0),
             secret=self.secret,
             segments=segments,
         )
