@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 _MASTER_READY = re.compile(r"mooncake-master listening on (\S+):(\d+)")
-_NODE_READY = re.compile(
+NODE_READY = _NODE_READY = re.compile(
     r"mooncake-store node (\S+) serving .* data (\S+):(\d+), control \S+:(\d+)"
 )
 

@@ -35,7 +35,7 @@ class ReplicaLocation(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s")
+    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s", "soft_pin_ttl_s", "preferred_nodes")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,8 @@ class PutStartItem(_message.Message):
     TAG_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    SOFT_PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_NODES_FIELD_NUMBER: _ClassVar[int]
     key: str
     size_bytes: int
     replicas: int
@@ -52,7 +54,9 @@ class PutStartItem(_message.Message):
     tag: bytes
     pin: bool
     pin_ttl_s: float
-    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ...) -> None: ...
+    soft_pin_ttl_s: float
+    preferred_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ..., soft_pin_ttl_s: _Optional[float] = ..., preferred_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("status", "already_exists", "replicas")
@@ -107,12 +111,14 @@ class BatchPutEndResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
-    __slots__ = ("keys", "fingerprint")
+    __slots__ = ("keys", "fingerprint", "unless_leased")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    UNLESS_LEASED_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: bytes
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ...) -> None: ...
+    unless_leased: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ..., unless_leased: _Optional[bool] = ...) -> None: ...
 
 class KeyRequest(_message.Message):
     __slots__ = ("key", "fingerprint")
@@ -324,6 +330,64 @@ class HelloResponse(_message.Message):
     framed_socket: str
     framed_host: str
     def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_host: _Optional[str] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("cursor", "limit", "prefix")
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    cursor: str
+    limit: int
+    prefix: str
+    def __init__(self, cursor: _Optional[str] = ..., limit: _Optional[int] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class KeyInfo(_message.Message):
+    __slots__ = ("key", "size_bytes", "replicas")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size_bytes: int
+    replicas: int
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("keys", "next_cursor")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[KeyInfo]
+    next_cursor: str
+    def __init__(self, keys: _Optional[_Iterable[_Union[KeyInfo, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "offset")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    endpoint: str
+    tier: str
+    offset: int
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class DescribeResult(_message.Message):
+    __slots__ = ("status", "size_bytes", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    size_bytes: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class BatchDescribeResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DescribeResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DescribeResult, _Mapping]]] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("key", "src_segment", "src_offset", "dst_segment", "dst_offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")

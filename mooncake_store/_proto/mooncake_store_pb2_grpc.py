@@ -139,6 +139,16 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.ReportCorruptRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.StatusesResponse.FromString,
                 _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/ListKeys',
+                request_serializer=mooncake__store__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
+        self.BatchDescribe = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/BatchDescribe',
+                request_serializer=mooncake__store__pb2.KeysRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.BatchDescribeResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -277,6 +287,21 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """issue 13: a page of the committed keys (an admin capability: `mooncake-admin keys`,
+        remove_all / remove_by_regex of the Mooncake-compatible client).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchDescribe(self, request, context):
+        """issue 13: sizes and replica placement of committed objects, without a lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -384,6 +409,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.BatchReportCorrupt,
                     request_deserializer=mooncake__store__pb2.ReportCorruptRequest.FromString,
                     response_serializer=mooncake__store__pb2.StatusesResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=mooncake__store__pb2.ListKeysRequest.FromString,
+                    response_serializer=mooncake__store__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'BatchDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchDescribe,
+                    request_deserializer=mooncake__store__pb2.KeysRequest.FromString,
+                    response_serializer=mooncake__store__pb2.BatchDescribeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -953,6 +988,60 @@ class MasterService:
             '/mooncake_store.v1.MasterService/BatchReportCorrupt',
             mooncake__store__pb2.ReportCorruptRequest.SerializeToString,
             mooncake__store__pb2.StatusesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/ListKeys',
+            mooncake__store__pb2.ListKeysRequest.SerializeToString,
+            mooncake__store__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/BatchDescribe',
+            mooncake__store__pb2.KeysRequest.SerializeToString,
+            mooncake__store__pb2.BatchDescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,15 +17,20 @@ from mooncake_store.client.device import (
 from mooncake_store.client.master_client import (
     MasterCall,
     MasterClient,
+    describe_call,
     exists_call,
+    list_keys_call,
     remove_call,
 )
+from mooncake_store.client.ranges import Range, RangeFlows, ReadSession
 from mooncake_store.client.reads import ReadFlows
 from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.transport import ShmMapper, TcpPool
 from mooncake_store.client.types import (
     ClusterStats,
+    KeyInfo,
     NodeStatus,
+    ObjectInfo,
     PrefixRead,
     PutResult,
     ReplicaLocation,
@@ -46,7 +51,7 @@ DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_MAX_VALUE_BYTES = 1 << 30
 
 
-class AsyncClient(ReadFlows, WriteFlows):
+class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
     """Asynchronous client of a mooncake-store cluster.
 
     Example:
@@ -275,6 +280,52 @@ class AsyncClient(ReadFlows, WriteFlows):
             )
         )  # fmt: skip
 
+    async def put_many_from_parts(
+        self,
+        items: Mapping[str, Sequence[object]] | Iterable[tuple[str, Sequence[object]]],
+        *,
+        replicas: int | None = None,
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
+        soft_pin_ttl_s: float = 0.0,
+        preferred_nodes: Sequence[str] = (),
+    ) -> list[PutResult]:
+        """Store each key's buffers (a sequence of bytes-like parts) as one object: their
+        concatenation, copied from each part straight to the nodes (scatter-gather, no
+        staging copy).  `get_many_into_parts` scatters it back.  Failures as put_many.
+
+        `soft_pin_ttl_s` keeps the objects that long unless nothing else can be evicted;
+        `preferred_nodes` (node ids or data endpoints) receive the replicas when they have
+        room.
+        """
+        return await self._drive(
+            self._put_many_flow(
+                items, replicas=replicas, pin=pin, pin_ttl_s=pin_ttl_s,
+                soft_pin_ttl_s=soft_pin_ttl_s, preferred_nodes=preferred_nodes, parts=True,
+            )
+        )  # fmt: skip
+
+    async def put_many_outcomes(
+        self,
+        items: Mapping[str, object] | Iterable[tuple[str, object]],
+        *,
+        parts: bool = False,
+        replicas: int | None = None,
+        pin: bool = False,
+        pin_ttl_s: float = 0.0,
+        soft_pin_ttl_s: float = 0.0,
+        preferred_nodes: Sequence[str] = (),
+    ) -> list[PutResult | MooncakeError]:
+        """put_many (put_many_from_parts with `parts`) that reports each item's outcome: a
+        PutResult, or the MooncakeError of that item, instead of raising the first."""
+        return await self._drive(
+            self._put_many_flow(  # type: ignore[arg-type]
+                items, replicas=replicas, pin=pin, pin_ttl_s=pin_ttl_s,
+                soft_pin_ttl_s=soft_pin_ttl_s, preferred_nodes=preferred_nodes, parts=parts,
+                outcomes=True,
+            )
+        )  # fmt: skip
+
     # ---- gets -------------------------------------------------------------------------------
 
     async def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
@@ -309,6 +360,44 @@ class AsyncClient(ReadFlows, WriteFlows):
     ) -> list[int]:
         """Copy many values into the matching buffers with one master call; return sizes."""
         return await self._drive(self._get_many_into_flow(keys, buffers, fingerprint))
+
+    async def get_many_into_parts(
+        self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
+    ) -> list[int]:
+        """Scatter each object over its list of writable host buffers, in order (the object
+        fills them one after the other; together they must hold it); return the sizes.  One
+        master call; the bytes go straight from the pool or the TCP reply into the parts and
+        are verified as one object.
+
+        Raises:
+            ObjectNotFoundError, BufferTooSmallError, ReplicaUnavailableError,
+            ChecksumMismatchError: as get_many_into.
+        """
+        return await self._drive(self._read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
+
+    async def get_many_into_outcomes(
+        self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
+    ) -> list[int | MooncakeError]:
+        """get_many_into_parts that reports each key's outcome (its size, or its
+        MooncakeError: ObjectNotFoundError for a missing key, ...) instead of raising."""
+        return await self._drive(self._read_parts_flow(keys, buffers, outcomes=True))
+
+    async def read_session(self, keys: Sequence[str]) -> ReadSession:
+        """Lease `keys` for ranged reads (`get_ranges_into`) until the session is closed.
+
+        A key that cannot be read is recorded in the session (`session.error(key)`) rather
+        than raised.  See client/ranges.py for how ranges are verified.
+        """
+        return await self._drive(self._session_flow(keys))
+
+    async def get_ranges_into(
+        self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
+    ) -> list[list[int | MooncakeError]]:
+        """Copy ranges of the session's objects: for each (key, [(buffer, offset), ...]),
+        the object's bytes [offset, offset + len(buffer)) into each buffer.  Returns, per
+        range, the bytes copied or the MooncakeError that stopped it (only the requested
+        bytes are copied; each is verified against the stored checksum first)."""
+        return await self._drive(self._ranges_flow(session, reads))
 
     async def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
         """Length of the longest leading run of `keys` that is stored (one RPC).
@@ -360,6 +449,54 @@ class AsyncClient(ReadFlows, WriteFlows):
                 raise err
             out.append(err is None)
         return out
+
+    async def remove_many_outcomes(
+        self, keys: Sequence[str], *, force: bool = True
+    ) -> list[MooncakeError | None]:
+        """Remove `keys`; per key None (removed) or why not: ObjectNotFoundError,
+        ObjectBusyError (a put in progress), ObjectHasLeaseError (`force=False` and the
+        object is being read; with `force` it is removed and its bytes are freed when the
+        read lease ends)."""
+        return await self._drive(self._remove_outcomes_flow(keys, force))
+
+    def _remove_outcomes_flow(
+        self, keys: Sequence[str], force: bool
+    ) -> Flow[list[MooncakeError | None]]:
+        keys = [validate_key(k) for k in keys]
+        return (yield remove_call(keys, unless_leased=not force))  # type: ignore[no-any-return]
+
+    async def describe_many(self, keys: Sequence[str]) -> list[ObjectInfo | None]:
+        """Size and replica placement of each key from the master's metadata (no data read,
+        no lease, not counted as a read); None for a key that is not stored."""
+        return await self._drive(self._describe_flow(keys))
+
+    def _describe_flow(self, keys: Sequence[str]) -> Flow[list[ObjectInfo | None]]:
+        keys = [validate_key(k) for k in keys]
+        out: list[ObjectInfo | None] = []
+        for r in (yield describe_call(keys)):
+            if isinstance(r, ObjectNotFoundError):
+                out.append(None)
+            elif isinstance(r, MooncakeError):
+                raise r
+            else:
+                out.append(r)
+        return out
+
+    async def list_keys(
+        self, prefix: str = "", *, cursor: str = "", limit: int = 1000
+    ) -> tuple[list[KeyInfo], str]:
+        """One page of the committed keys that start with `prefix`, and the cursor of the next
+        page ("" after the last; pass it back as `cursor`).  A page may hold fewer than
+        `limit` keys, even none, before the end: the master scans a bounded slice per call.
+        An admin capability."""
+        return await self._drive(self._list_keys_flow(prefix, cursor, limit))
+
+    def _list_keys_flow(
+        self, prefix: str, cursor: str, limit: int
+    ) -> Flow[tuple[list[KeyInfo], str]]:
+        if not 0 < limit <= 10000:
+            raise InvalidArgumentError(f"limit must be in 1..10000, got {limit}")
+        return (yield list_keys_call(cursor, limit, prefix))  # type: ignore[no-any-return]
 
     async def stats(self) -> ClusterStats:
         """Cluster-wide counts from the master."""

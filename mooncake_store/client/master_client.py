@@ -31,7 +31,16 @@ from mooncake_store.client.framed_channel import (
     FramedChannel,
     FramedEndpoint,
 )
-from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, ReplicaLocation, Retry
+from mooncake_store.client.types import (
+    KeyInfo,
+    ObjectInfo,
+    PutPlan,
+    PutSpec,
+    ReplicaInfo,
+    ReplicaList,
+    ReplicaLocation,
+    Retry,
+)
 from mooncake_store.common.errors import (
     OK,
     MasterTimeoutError,
@@ -362,6 +371,8 @@ def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | Moonca
                 tag=i.tag,
                 pin=i.pin,
                 pin_ttl_s=i.pin_ttl_s,
+                soft_pin_ttl_s=i.soft_pin_ttl_s,
+                preferred_nodes=i.preferred_nodes,
             )
             for i in items
         ]
@@ -454,9 +465,41 @@ def report_corrupt_call(
     )
 
 
-def remove_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
+def remove_call(
+    keys: Sequence[str], *, unless_leased: bool = False
+) -> MasterCall[list[MooncakeError | None]]:
     return MasterCall(
         "BatchRemove",
-        pb.KeysRequest(keys=keys),
+        pb.KeysRequest(keys=keys, unless_leased=unless_leased),
         lambda reply: [status_error(s) for s in reply.statuses],
     )
+
+
+def list_keys_call(
+    cursor: str, limit: int, prefix: str = ""
+) -> MasterCall[tuple[list[KeyInfo], str]]:
+    """One page of the committed keys and the cursor of the next ("" after the last)."""
+
+    def parse(reply: pb.ListKeysResponse) -> tuple[list[KeyInfo], str]:
+        keys = [KeyInfo(k.key, k.size_bytes, k.replicas) for k in reply.keys]
+        return keys, reply.next_cursor
+
+    request = pb.ListKeysRequest(cursor=cursor, limit=limit, prefix=prefix)
+    return MasterCall("ListKeys", request, parse)
+
+
+def describe_call(keys: Sequence[str]) -> MasterCall[list[ObjectInfo | MooncakeError]]:
+    """Sizes and placement of committed objects (no lease, counts no access)."""
+
+    def parse(reply: pb.BatchDescribeResponse) -> list[ObjectInfo | MooncakeError]:
+        out: list[ObjectInfo | MooncakeError] = []
+        for r in reply.results:
+            err = status_error(r.status)
+            replicas = [
+                ReplicaInfo(i.node_id, i.segment_id, i.endpoint, i.tier, i.offset)
+                for i in r.replicas
+            ]
+            out.append(err or ObjectInfo(r.size_bytes, replicas))
+        return out
+
+    return MasterCall("BatchDescribe", pb.KeysRequest(keys=keys), parse)

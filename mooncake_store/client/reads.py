@@ -2,6 +2,10 @@
 and prefix forms.  A read asks the master for replica lists (which grant read leases), copies
 from the closest replica (a mapped same-host pool first) and verifies the checksum, falling back
 to the next replica on any failure, and once to fresh replica lists when a grant expired.
+
+A read's destination is a list of parts (one part for a plain get_into): a scatter-gather read
+(`get_many_into_parts`, Mooncake's multi-buffer gets) scatters the object over them straight
+from the pool or the TCP reply, verified as one object, with no staging buffer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from mooncake_store.client.steps import (
     Transfers,
     as_writable,
     checksum,
-    copy_checksum,
+    copy_parts_checksum,
+    split_like,
+    trim_parts,
 )
 from mooncake_store.client.transport import Hasher
 from mooncake_store.client.types import PrefixRead, ReplicaList, ReplicaLocation
@@ -65,8 +71,9 @@ class ReadFlows(LocalPools):
                     for n, b in zip(remote, staging, strict=True)
                 ]
                 yield from self._read_all(
-                    [keys[n] for n in remote], [infos[n] for n in remote], views, fingerprint
-                )
+                    [keys[n] for n in remote], [infos[n] for n in remote],
+                    [[v] for v in views], fingerprint,
+                )  # fmt: skip
                 for n, view in zip(remote, views, strict=True):
                     out[n] = bytes(view)
             finally:
@@ -106,11 +113,45 @@ class ReadFlows(LocalPools):
         try:
             results = yield lookup(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
-            yield from self._read_all(keys, infos, views, fingerprint)
+            yield from self._read_all(keys, infos, [[v] for v in views], fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(devices)
         return infos
+
+    def _read_parts_flow(
+        self, keys: Sequence[str], buffers: Sequence[Sequence[object]], *, outcomes: bool
+    ) -> Flow[list[int | MooncakeError]]:
+        """Read each object scattered over its list of host buffers (in order); the sizes
+        read.  With `outcomes`, a key that fails gets its MooncakeError in the result
+        instead of the first failure being raised."""
+        if len(keys) != len(buffers):
+            raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffer lists")
+        keys = [validate_key(k) for k in keys]
+        dests = [[as_writable(b) for b in parts] for parts in buffers]
+        results = yield get_replica_list_call(keys, b"")
+        if not outcomes:
+            infos = self._checked(keys, results)
+            yield from self._read_all(keys, infos, dests)
+            return [info.size_bytes for info in infos]
+        out: list[int | MooncakeError] = []
+        todo: list[int] = []
+        for n, (result, parts) in enumerate(zip(results, dests, strict=True)):
+            if isinstance(result, MooncakeError):
+                out.append(result)
+            elif sum(len(p) for p in parts) < result.size_bytes:
+                out.append(self._too_small(keys[n], sum(len(p) for p in parts), result))
+            else:
+                out.append(result.size_bytes)
+                todo.append(n)
+        errors = yield from self._read_all(
+            [keys[n] for n in todo], [results[n] for n in todo], [dests[n] for n in todo],
+            outcomes=True,
+        )  # fmt: skip
+        for n, err in zip(todo, errors, strict=True):
+            if err is not None:
+                out[n] = err
+        return out
 
     def _targets(
         self, buffers: Sequence[object]
@@ -160,41 +201,70 @@ class ReadFlows(LocalPools):
             infos.append(r)
         return infos
 
+    @staticmethod
+    def _too_small(key: str, held: int, info: ReplicaList) -> BufferTooSmallError:
+        return BufferTooSmallError(
+            f"buffer holds {held} bytes but {key!r} is {info.size_bytes} bytes; "
+            f"pass a buffer of at least {info.size_bytes} bytes"
+        )
+
     def _read_all(
         self,
         keys: Sequence[str],
         infos: Sequence[ReplicaList],
-        views: Sequence[memoryview],
+        dests: Sequence[list[memoryview]],
         fingerprint: bytes = b"",
-    ) -> Flow[None]:
-        """Copy each object into its view (zip stops at the shorter `infos` of a prefix)."""
-        for key, info, view in zip(keys, infos, views, strict=False):
-            if len(view) < info.size_bytes:
-                raise BufferTooSmallError(
-                    f"buffer holds {len(view)} bytes but {key!r} is {info.size_bytes} bytes; "
-                    f"pass a buffer of at least {info.size_bytes} bytes"
-                )
-        remote = [
-            (k, i, v[: i.size_bytes])
-            for k, i, v in zip(keys, infos, views, strict=False)
-            if not self._read_local(i, v[: i.size_bytes])
+        *,
+        outcomes: bool = False,
+    ) -> Flow[list[MooncakeError | None]]:
+        """Copy each object into its destination parts (zip stops at the shorter `infos` of a
+        prefix).  Raises the first failure, or with `outcomes` returns one error or None per
+        object."""
+        for key, info, parts in zip(keys, infos, dests, strict=False):
+            held = sum(len(p) for p in parts)
+            if held < info.size_bytes:
+                raise self._too_small(key, held, info)
+        trimmed = [
+            [p for p in trim_parts(parts, info.size_bytes) if len(p)]
+            for info, parts in zip(infos, dests, strict=False)
         ]
+        errors: list[MooncakeError | None] = [None] * len(trimmed)
+        remote = [
+            n for n, (info, parts) in enumerate(zip(infos, trimmed, strict=False))
+            if not self._read_local(info, parts)
+        ]  # fmt: skip
         if remote:
-            yield from self._read_remote(remote, fingerprint)
+            last = yield from self._read_remote(
+                [(keys[n], infos[n], trimmed[n]) for n in remote], fingerprint
+            )
+            for n, err in zip(remote, last, strict=True):
+                if err is not None:
+                    errors[n] = self._final_error(keys[n], err)
+                    if not outcomes:
+                        raise errors[n]  # type: ignore[misc]
+        return errors
+
+    @staticmethod
+    def _final_error(key: str, err: MooncakeError) -> MooncakeError:
+        if isinstance(err, ChecksumMismatchError | ObjectNotFoundError):
+            return err
+        return ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
 
     def _read_remote(
-        self, remote: list[tuple[str, ReplicaList, memoryview]], fingerprint: bytes
-    ) -> Flow[None]:
+        self, remote: list[tuple[str, ReplicaList, list[memoryview]]], fingerprint: bytes
+    ) -> Flow[list[MooncakeError | None]]:
         """Read each object from its best replica, falling over to the next on any failure.
         Objects whose read grants expired before the node saw them (a batch that outlived its
-        lease) get fresh replica lists once and are read again."""
+        lease) get fresh replica lists once and are read again.  Objects whose every replica
+        failed its checksum are reported to the master.  Returns each object's last error, or
+        None."""
         failed: list[list[ReplicaLocation]] = [[] for _ in remote]  # checksum failures
         last = yield from self._read_rounds(remote, failed)
         expired = [n for n, err in enumerate(last) if isinstance(err, GrantExpiredError)]
         if expired:
             keys = [remote[n][0] for n in expired]
             fresh = yield get_replica_list_call(keys, fingerprint)
-            retry: list[tuple[str, ReplicaList, memoryview]] = []
+            retry: list[tuple[str, ReplicaList, list[memoryview]]] = []
             retried: list[int] = []
             for n, info in zip(expired, fresh, strict=True):
                 key, old, dest = remote[n]
@@ -223,16 +293,11 @@ class ReadFlows(LocalPools):
                 self.counters["corrupt_reported"] += len(poisoned)
             except MooncakeError:
                 pass  # best effort: the read fails with ChecksumMismatchError all the same
-        for (key, _, _), err in zip(remote, last, strict=True):
-            if err is None:
-                continue
-            if isinstance(err, ChecksumMismatchError | ObjectNotFoundError):
-                raise err
-            raise ReplicaUnavailableError(f"no replica of {key!r} could be read: {err}")
+        return last
 
     def _read_rounds(
         self,
-        remote: list[tuple[str, ReplicaList, memoryview]],
+        remote: list[tuple[str, ReplicaList, list[memoryview]]],
         failed: list[list[ReplicaLocation]],
     ) -> Flow[list[MooncakeError | None]]:
         """Each round reads the next candidate replica of every object still unread, in
@@ -260,13 +325,16 @@ class ReadFlows(LocalPools):
                         transfers.append((n, loc))
                         break
                     self.counters["shm_reads"] += 1
-                    digest = copy_checksum(dest, pool[loc.offset : loc.offset + info.size_bytes])
+                    src = pool[loc.offset : loc.offset + info.size_bytes]
+                    digest = copy_parts_checksum(dest, split_like(src, dest))
                     last[n] = self._verified(key, loc, info, digest)
                     if last[n] is None:
                         break
                     failed[n].append(loc)
             results: list[MooncakeError | None] = []
-            reads = [Transfer(Op.READ, loc, remote[n][2], Hasher()) for n, loc in transfers]
+            reads = [
+                Transfer(Op.READ, loc, _buffer(remote[n][2]), Hasher()) for n, loc in transfers
+            ]
             if reads:
                 results = yield Transfers(reads)
             for (n, loc), read, err in zip(transfers, reads, results, strict=True):
@@ -293,14 +361,13 @@ class ReadFlows(LocalPools):
             f"replica of {key!r} on node {loc.node_id} failed its checksum"
         )
 
-    def _read_local(self, info: ReplicaList, dest: memoryview) -> bool:
+    def _read_local(self, info: ReplicaList, dest: list[memoryview]) -> bool:
         """Copy from an already-mapped same-host replica; False means: take the full path."""
         for loc in info.replicas:
             pool = self._mapped(loc)
             if pool is not None:
-                if copy_checksum(dest, pool[loc.offset : loc.offset + info.size_bytes]) == (
-                    info.checksum
-                ):
+                src = pool[loc.offset : loc.offset + info.size_bytes]
+                if copy_parts_checksum(dest, split_like(src, dest)) == info.checksum:
                     self.counters["shm_reads"] += 1
                     self.counters["dram_reads"] += 1
                     return True
@@ -320,3 +387,7 @@ class ReadFlows(LocalPools):
                     return data
                 return None
         return None
+
+
+def _buffer(parts: list[memoryview]) -> memoryview | list[memoryview]:
+    return parts[0] if len(parts) == 1 else parts

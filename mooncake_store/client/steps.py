@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mooncake_store.client.master_client import MasterCall
-from mooncake_store.client.transport import Hasher, ShmMapper
+from mooncake_store.client.transport import Buffer, Hasher, ShmMapper
 from mooncake_store.client.types import ReplicaLocation
-from mooncake_store.common.checksum import CHUNK_BYTES, chunk_digest, combine
+from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
 from mooncake_store.common.checksum import checksum as checksum
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
@@ -76,6 +76,58 @@ def _copy_hashed(copy: Any, to: np.ndarray, frm: np.ndarray) -> list[int]:
         copy(to[start:stop], frm[start:stop])
         digests.append(chunk_digest(to[start:stop]))
     return digests
+
+
+def copy_parts_checksum(dests: Sequence[memoryview], srcs: Sequence[memoryview]) -> int:
+    """Copy each of `srcs` into the matching `dests` (pairwise the same length) and return the
+    checksum of all of `dests` one after the other: a scatter-gather object's checksum, with
+    no staging buffer (one part: `copy_checksum`).  Copied and hashed in cache-sized steps."""
+    if len(dests) == 1:
+        return copy_checksum(dests[0], srcs[0])
+    h = ChunkedHasher()
+    for dest, src in zip(dests, srcs, strict=True):
+        n = len(src)
+        if len(dest) != n:
+            raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
+        if n <= _SMALL_COPY:
+            dest[:] = src
+            h.update(dest)
+            continue
+        to = np.frombuffer(dest, dtype=np.uint8)
+        frm = np.frombuffer(src, dtype=np.uint8)
+        for start in range(0, n, _FUSE_CHUNK):
+            stop = min(start + _FUSE_CHUNK, n)
+            np.copyto(to[start:stop], frm[start:stop])
+            h.update(dest[start:stop])
+    return h.intdigest()
+
+
+def split_like(view: memoryview, parts: Sequence[memoryview]) -> list[memoryview]:
+    """`view` cut into consecutive pieces of the sizes of `parts`."""
+    out, at = [], 0
+    for part in parts:
+        out.append(view[at : at + len(part)])
+        at += len(part)
+    return out
+
+
+def trim_parts(parts: Sequence[memoryview], size: int) -> list[memoryview]:
+    """The leading `size` bytes of `parts` (an object read into parts larger than it)."""
+    out: list[memoryview] = []
+    for part in parts:
+        if size <= 0:
+            break
+        out.append(part[:size])
+        size -= len(out[-1])
+    return out
+
+
+def parts_checksum(parts: Sequence[memoryview]) -> int:
+    """The checksum of `parts` one after the other (common/checksum.py)."""
+    h = ChunkedHasher()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
 
 
 class _CopyHelper:
@@ -153,7 +205,7 @@ class Transfer:
 
     op: Op
     loc: ReplicaLocation
-    buffer: memoryview
+    buffer: Buffer
     hasher: Hasher | None = None
 
 

@@ -25,9 +25,17 @@ from mooncake_store.client.framed_channel import (
     FramedCallError,
 )
 from mooncake_store.client.master_client import MasterCall, MasterClient
+from mooncake_store.client.ranges import Range, ReadSession
 from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.transport import BlockingNodeConnections
-from mooncake_store.client.types import ClusterStats, NodeStatus, PrefixRead, PutResult
+from mooncake_store.client.types import (
+    ClusterStats,
+    KeyInfo,
+    NodeStatus,
+    ObjectInfo,
+    PrefixRead,
+    PutResult,
+)
 from mooncake_store.common.errors import (
     MasterTimeoutError,
     MasterUnavailableError,
@@ -246,6 +254,49 @@ class Client:
     ) -> list[PutResult]:
         return self._drive(self._async._put_many_flow(items, **options))
 
+    def put_many_from_parts(
+        self,
+        items: Mapping[str, Sequence[object]] | Iterable[tuple[str, Sequence[object]]],
+        **options: Any,
+    ) -> list[PutResult]:
+        return self._drive(self._async._put_many_flow(items, parts=True, **options))
+
+    def put_many_outcomes(
+        self, items: Mapping[str, object] | Iterable[tuple[str, object]], **options: Any
+    ) -> list[PutResult | MooncakeError]:
+        return self._drive(self._async._put_many_flow(items, outcomes=True, **options))  # type: ignore[arg-type]
+
+    def get_many_into_parts(
+        self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
+    ) -> list[int]:
+        return self._drive(self._async._read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
+
+    def get_many_into_outcomes(
+        self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
+    ) -> list[int | MooncakeError]:
+        return self._drive(self._async._read_parts_flow(keys, buffers, outcomes=True))
+
+    def remove_many_outcomes(
+        self, keys: Sequence[str], *, force: bool = True
+    ) -> list[MooncakeError | None]:
+        return self._drive(self._async._remove_outcomes_flow(keys, force))
+
+    def read_session(self, keys: Sequence[str]) -> ReadSession:
+        return self._drive(self._async._session_flow(keys))
+
+    def get_ranges_into(
+        self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
+    ) -> list[list[int | MooncakeError]]:
+        return self._drive(self._async._ranges_flow(session, reads))
+
+    def describe_many(self, keys: Sequence[str]) -> list[ObjectInfo | None]:
+        return self._drive(self._async._describe_flow(keys))
+
+    def list_keys(
+        self, prefix: str = "", *, cursor: str = "", limit: int = 1000
+    ) -> tuple[list[KeyInfo], str]:
+        return self._drive(self._async._list_keys_flow(prefix, cursor, limit))
+
     def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
         return self._drive(self._async._get_many_flow([key], fingerprint))[0]
 
@@ -299,6 +350,15 @@ class Client:
         "exists_many",
         "remove",
         "remove_many",
+        "put_many_from_parts",
+        "put_many_outcomes",
+        "get_many_into_parts",
+        "get_many_into_outcomes",
+        "remove_many_outcomes",
+        "describe_many",
+        "list_keys",
+        "read_session",
+        "get_ranges_into",
         "stats",
         "list_nodes",
     ):

@@ -11,6 +11,10 @@ that reads a READ reply straight into the destination buffer (no intermediate co
 sockets and pipelines batches.  Both send a node's DRAM reads of a batch as READV requests
 (`plan_node_requests`).  Failures are DataPathError (AccessDeniedError, GrantExpiredError when
 the node refused the grant).
+
+A transfer's buffer is one memoryview or a list of them (a scatter-gather object: its parts
+are sent one after the other as one payload, or a reply lands in them one after the other), so
+an object made of several caller buffers moves with no staging copy.
 """
 
 from __future__ import annotations
@@ -46,6 +50,28 @@ from mooncake_store.common.wire import (
 )
 
 Hasher = ChunkedHasher  # the object checksum (common/checksum.py), fed piece by piece
+
+Buffer = memoryview | list[memoryview]  # one buffer, or the parts of one object in order
+
+
+def nbytes(buffer: Buffer) -> int:
+    """Bytes of a transfer's buffer (the sum of its parts)."""
+    return len(buffer) if isinstance(buffer, memoryview) else sum(len(p) for p in buffer)
+
+
+def flatten(
+    buffers: Sequence[Buffer], hashers: Sequence[Hasher | None]
+) -> tuple[list[memoryview], list[Hasher | None]]:
+    """The destinations of several reads in reply order, each with its read's hasher (a
+    scatter-gather read feeds one hasher from each of its parts in turn)."""
+    views: list[memoryview] = []
+    fed: list[Hasher | None] = []
+    for buffer, hasher in zip(buffers, hashers, strict=True):
+        parts = [buffer] if isinstance(buffer, memoryview) else buffer
+        views += parts
+        fed += [hasher] * len(parts)
+    return views, fed
+
 
 _READV_BYTES = 64 * 1024 * 1024  # per READV reply: the node queues it all at once
 
@@ -140,11 +166,11 @@ class ShmMapper:
 
 
 def plan_node_requests(
-    transfers: list[tuple[ReplicaLocation, Op, memoryview]], items: list[int], readv: bool
-) -> list[tuple[bytes, memoryview | None, list[int]]]:
+    transfers: list[tuple[ReplicaLocation, Op, Buffer]], items: list[int], readv: bool
+) -> list[tuple[bytes, Buffer | None, list[int]]]:
     """A node's requests as (frame, payload, transfers covered): its DRAM reads in READVs
     of up to MAX_READV_ENTRIES entries and _READV_BYTES bytes, the rest one by one."""
-    out: list[tuple[bytes, memoryview | None, list[int]]] = []
+    out: list[tuple[bytes, Buffer | None, list[int]]] = []
     group: list[int] = []
     group_bytes = 0
 
@@ -162,10 +188,11 @@ def plan_node_requests(
     for i in items:
         loc, op, buffer = transfers[i]
         if readv and op is Op.READ and loc.tier == "DRAM" and len(loc.grant) == GRANT_BYTES:
-            if len(group) == MAX_READV_ENTRIES or group_bytes + len(buffer) > _READV_BYTES:
+            size = nbytes(buffer)
+            if len(group) == MAX_READV_ENTRIES or group_bytes + size > _READV_BYTES:
                 flush()
             group.append(i)
-            group_bytes += len(buffer)
+            group_bytes += size
             continue
         flush()
         frame = pack_request(op, loc.grant, loc.offset, loc.size_bytes)
@@ -269,7 +296,7 @@ class _Connection(asyncio.BufferedProtocol):
     def request(
         self,
         frame: bytes,
-        payload: memoryview | None,
+        payload: Buffer | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None] = (),
         payload_hasher: Hasher | None = None,
@@ -335,7 +362,7 @@ class TcpPool:
 
     async def exchange_many(
         self,
-        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        transfers: list[tuple[ReplicaLocation, Op, Buffer]],
         hashers: Sequence[Hasher | None] | None = None,
     ) -> list[MooncakeError | None]:
         """Many transfers in parallel; a node's DRAM reads travel as READV requests (planned as
@@ -356,7 +383,8 @@ class TcpPool:
                     if op is Op.WRITE:
                         call = self._exchange(loc, op, payload, None, (), hasher, frame=frame)
                     else:
-                        call = self._exchange(loc, op, None, buffer, [hasher], frame=frame)
+                        dests, fed = flatten([buffer], [hasher])
+                        call = self._exchange(loc, op, None, dests, fed, frame=frame)
                     calls.append((covered, call))
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[MooncakeError | None] = [None] * len(transfers)
@@ -382,21 +410,20 @@ class TcpPool:
 
     async def _readv(
         self,
-        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        transfers: list[tuple[ReplicaLocation, Op, Buffer]],
         items: list[int],
         frame: bytes,
         hashers: Sequence[Hasher | None],
     ) -> None:
         loc = transfers[items[0]][0]
-        dests = [transfers[i][2] for i in items]
-        fed = [hashers[i] for i in items]
+        dests, fed = flatten([transfers[i][2] for i in items], [hashers[i] for i in items])
         await self._exchange(loc, Op.READV, None, dests, fed, frame=frame)
 
     async def _exchange(
         self,
         loc: ReplicaLocation,
         op: Op,
-        payload: memoryview | None,
+        payload: Buffer | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None] = (),
         payload_hasher: Hasher | None = None,
@@ -413,7 +440,7 @@ class TcpPool:
         self,
         loc: ReplicaLocation,
         op: Op,
-        payload: memoryview | None,
+        payload: Buffer | None,
         dest: memoryview | list[memoryview] | None,
         hashers: Sequence[Hasher | None],
         payload_hasher: Hasher | None,
@@ -448,14 +475,15 @@ class TcpPool:
             self._release(loc.endpoint, conn)
 
     async def exchange(
-        self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
+        self, loc: ReplicaLocation, op: Op, buffer: Buffer, *, hasher: Hasher | None = None
     ) -> None:
         """WRITE `buffer` to the replica, or READ the replica into `buffer`, feeding `hasher`
         the bytes as they go out or land."""
         if op is Op.WRITE:
             await self._exchange(loc, op, buffer, None, (), hasher)
         else:
-            await self._exchange(loc, op, None, buffer, [hasher])
+            dests, fed = flatten([buffer], [hasher])
+            await self._exchange(loc, op, None, dests, fed)
 
     def close(self) -> None:
         for conns in self._idle.values():
@@ -502,7 +530,7 @@ class BlockingNodeConnections:
             sock.close()
 
     def exchange(
-        self, loc: ReplicaLocation, op: Op, buffer: memoryview, *, hasher: Hasher | None = None
+        self, loc: ReplicaLocation, op: Op, buffer: Buffer, *, hasher: Hasher | None = None
     ) -> None:
         """WRITE `buffer` to the replica, or READ the replica into `buffer`, feeding `hasher`
         the bytes as they go out or land."""
@@ -535,7 +563,7 @@ class BlockingNodeConnections:
         sock: socket.socket,
         loc: ReplicaLocation,
         op: Op,
-        buffer: memoryview,
+        buffer: Buffer,
         hasher: Hasher | None,
     ) -> None:
         try:
@@ -549,14 +577,14 @@ class BlockingNodeConnections:
             raise _StaleConnection() from exc
         except OSError as exc:
             raise self._failed(loc, exc) from exc
-        reads = [buffer] if op is Op.READ else []
-        refused = self._receive(sock, loc, reads, [hasher] if reads else [], first=True)
+        reads, fed = flatten([buffer], [hasher]) if op is Op.READ else ([], [])
+        refused = self._receive(sock, loc, reads, fed, first=True)
         if refused is not None:
             raise refused
 
     def exchange_many(
         self,
-        transfers: list[tuple[ReplicaLocation, Op, memoryview]],
+        transfers: list[tuple[ReplicaLocation, Op, Buffer]],
         hashers: Sequence[Hasher | None] | None = None,
         *,
         readv: bool = True,
@@ -590,9 +618,11 @@ class BlockingNodeConnections:
             for n, (_, _, items) in enumerate(requests[:sent]):
                 loc, op, _ = transfers[items[0]]
                 read_items = [i for i in items if transfers[i][1] is Op.READ]
-                reads = [transfers[i][2] for i in read_items]
+                reads, fed_reads = flatten(
+                    [transfers[i][2] for i in read_items], [fed[i] for i in read_items]
+                )
                 try:
-                    refused = self._receive(sock, loc, reads, [fed[i] for i in read_items])
+                    refused = self._receive(sock, loc, reads, fed_reads)
                 except MooncakeError as exc:  # the stream broke: nothing after it is readable
                     for _, _, rest in requests[n:sent]:
                         for j in rest:
@@ -625,7 +655,7 @@ class BlockingNodeConnections:
     def _send_all(
         self,
         endpoint: str,
-        requests: list[tuple[bytes, memoryview | None, list[int]]],
+        requests: list[tuple[bytes, Buffer | None, list[int]]],
         hashers: Sequence[Hasher | None],
     ) -> tuple[socket.socket, int, DataPathError | None]:
         """Send the requests; (socket, how many were sent in full, the send failure or None).
@@ -698,10 +728,14 @@ _HASH_STEP = CHUNK_BYTES  # a payload is hashed this much at a time, just before
 
 
 def write_hashed(
-    write: Callable[[memoryview], object], payload: memoryview, hasher: Hasher | None
+    write: Callable[[memoryview], object], payload: Buffer, hasher: Hasher | None
 ) -> None:
-    """Send `payload` with `write`; with a hasher, in steps that are hashed first, so the send
-    reads them from cache instead of memory."""
+    """Send `payload` (a buffer, or parts sent in order) with `write`; with a hasher, in steps
+    that are hashed first, so the send reads them from cache instead of memory."""
+    if not isinstance(payload, memoryview):
+        for part in payload:
+            write_hashed(write, part, hasher)
+        return
     if hasher is None:
         write(payload)
         return
@@ -713,7 +747,7 @@ def write_hashed(
 
 def _send_requests(
     sock: socket.socket,
-    requests: list[tuple[bytes, memoryview | None, list[int]]],
+    requests: list[tuple[bytes, Buffer | None, list[int]]],
     hashers: Sequence[Hasher | None],
 ) -> tuple[int, OSError | None]:
     """Send (frame, payload) requests in order, feeding a payload's hasher (by the request's

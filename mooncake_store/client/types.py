@@ -45,6 +45,36 @@ class PutSpec:
     tag: bytes = b""
     pin: bool = False
     pin_ttl_s: float = 0.0
+    soft_pin_ttl_s: float = 0.0
+    preferred_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A committed key as the master's key listing reports it."""
+
+    key: str
+    size_bytes: int
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """Where one replica lives, from the master's metadata (no lease, no grant)."""
+
+    node_id: str
+    segment_id: int
+    endpoint: str
+    tier: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """An object's size and placement, from the master's metadata alone."""
+
+    size_bytes: int
+    replicas: list[ReplicaInfo]
 
 
 @dataclass(frozen=True, slots=True)

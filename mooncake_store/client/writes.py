@@ -4,6 +4,10 @@ A put is two-phase: one BatchPutStart for the whole batch (the master allocates 
 distinct nodes), the bytes go straight to the nodes (shared memory on this host, TCP otherwise),
 then one BatchPutEnd commits them with their xxh3_64 checksums.  A put whose every replica
 failed is revoked, so a half-written object is never visible.
+
+A value may be given as parts (`put_many_from_parts`, Mooncake's multi-buffer puts): the parts
+are stored as one object, their concatenation, copied from each caller buffer straight into
+the pool or sent one after the other on the TCP data path, with no staging buffer.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from mooncake_store.client.steps import (
     Transfer,
     Transfers,
     as_readable,
-    checksum,
-    copy_checksum,
+    copy_parts_checksum,
+    parts_checksum,
+    split_like,
 )
-from mooncake_store.client.transport import Hasher
+from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import PutPlan, PutResult, PutSpec, ReplicaLocation
 from mooncake_store.common.errors import (
     DataPathError,
@@ -41,12 +46,16 @@ log = logging.getLogger("mooncake.client")
 @dataclass(slots=True)
 class _Pending:
     key: str
-    value: memoryview
+    parts: list[memoryview]  # the value, in order (one part for a plain put)
     spec: PutSpec
     plan: PutPlan | None = None
     failed: list[int] | None = None
     error: MooncakeError | None = None
     checksum: int = 0
+
+    @property
+    def payload(self) -> Buffer:
+        return self.parts[0] if len(self.parts) == 1 else self.parts
 
     def landed(self) -> bool:
         """True once at least one replica was written."""
@@ -93,7 +102,14 @@ class WriteFlows(LocalPools):
         tags: Sequence[bytes] | None = None,
         pin: bool = False,
         pin_ttl_s: float = 0.0,
+        soft_pin_ttl_s: float = 0.0,
+        preferred_nodes: Sequence[str] = (),
+        parts: bool = False,
+        outcomes: bool = False,
     ) -> Flow[list[PutResult]]:
+        """The put of `items`; with `parts`, each value is a sequence of buffers stored as one
+        object.  With `outcomes`, a failed item's entry is its MooncakeError instead of the
+        first failure being raised (the result then holds PutResult | MooncakeError)."""
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         for name, extra in (("parents", parents), ("tags", tags)):
             if extra is not None and len(extra) != len(pairs):
@@ -106,20 +122,25 @@ class WriteFlows(LocalPools):
             if key in seen:  # a repeated key in one batch names the same content: write it once
                 continue
             seen.add(key)
-            view = as_readable(to_host(value) if is_device_buffer(value) else value)
-            if len(view) == 0:
+            values = list(value) if parts else [value]  # type: ignore[call-overload]
+            if not values:
+                raise InvalidValueError(f"value of {key!r} has no parts; give at least one")
+            views = [as_readable(to_host(v) if is_device_buffer(v) else v) for v in values]
+            size = sum(len(v) for v in views)
+            if size == 0:
                 raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
-            if len(view) > self.max_value_bytes:
+            if size > self.max_value_bytes:
                 raise InvalidValueError(
-                    f"value of {key!r} is {len(view)} bytes, over max_value_bytes "
+                    f"value of {key!r} is {size} bytes, over max_value_bytes "
                     f"({self.max_value_bytes}); split it into blocks"
                 )
             spec = PutSpec(
-                key, len(view), wanted, bytes(fingerprint),
+                key, size, wanted, bytes(fingerprint),
                 (parents[i] or "") if parents is not None else "",
                 bytes(tags[i]) if tags is not None else b"", pin, pin_ttl_s,
+                soft_pin_ttl_s, tuple(preferred_nodes),
             )  # fmt: skip
-            pending.append(_Pending(key, view, spec))
+            pending.append(_Pending(key, [v for v in views if len(v)], spec))
         if not pending:
             return []
         plans = yield put_start_call([p.spec for p in pending])
@@ -156,13 +177,15 @@ class WriteFlows(LocalPools):
             yield from self._revoke([p.key for p in to_revoke])
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
-        for p in pending:
-            if p.error is not None:
-                raise p.error
+        failed = {p.key: p.error for p in pending if p.error is not None}
+        if failed and not outcomes:
+            raise next(iter(failed.values()))
         first = {p.key: p.plan is not None and p.plan.already_exists for p in pending}
-        results = []
+        results: list = []
         for key, _ in pairs:
-            if key in first:
+            if key in failed:
+                results.append(failed[key])
+            elif key in first:
                 results.append(PutResult(key, committed.get(key, 0), first.pop(key)))
             else:  # a repeat within the batch
                 results.append(PutResult(key, 0, True))
@@ -200,12 +223,14 @@ class WriteFlows(LocalPools):
             # piece as it goes out (see Transfer).
             hashers: dict[int, Hasher] = {id(p): Hasher() for p in unhashed}
             writes = [
-                Transfer(Op.WRITE, loc, p.value, hashers.pop(id(p), None)) for p, loc in remote
+                Transfer(Op.WRITE, loc, p.payload, hashers.pop(id(p), None)) for p, loc in remote
             ]
             results = yield Transfers(writes)
             for (p, loc), write, err in zip(remote, writes, results, strict=True):
                 if write.hasher is not None:  # complete only if every byte went out
-                    p.checksum = write.hasher.intdigest() if err is None else checksum(p.value)
+                    p.checksum = (
+                        write.hasher.intdigest() if err is None else parts_checksum(p.parts)
+                    )
                 if err is None:
                     self.counters["tcp_writes"] += 1
                     continue
@@ -233,12 +258,14 @@ class WriteFlows(LocalPools):
     def _copy_into(
         self, p: _Pending, loc: ReplicaLocation, pool: memoryview, *, hash_it: bool
     ) -> None:
-        """Copy the value into a same-host replica; the first copy also yields the checksum."""
-        dest = pool[loc.offset : loc.offset + len(p.value)]
+        """Copy the value (its parts one after the other) into a same-host replica; the first
+        copy also yields the checksum."""
+        dests = split_like(pool[loc.offset : loc.offset + p.spec.size_bytes], p.parts)
         if hash_it:
-            p.checksum = copy_checksum(dest, p.value)
+            p.checksum = copy_parts_checksum(dests, p.parts)
         else:
-            dest[:] = p.value
+            for dest, part in zip(dests, p.parts, strict=True):
+                dest[:] = part
         self.counters["shm_writes"] += 1
 
     def _replicas(self, replicas: int | None) -> int:

@@ -1,9 +1,14 @@
 """The one exception tree of mooncake-store, with stable numeric codes.
 
-Codes follow Mooncake Store's ranges: -100s segments and nodes, -200s allocation, -600s bad
-input, -700s objects, -800s data path, -900s RPC.  The code travels on the wire
-(`Status.code` in proto/), and `error_for_code` is the single table that turns it back into
-the most specific class.
+Codes follow Mooncake Store's ranges: -100s segments and nodes, -200s allocation, -400 keys,
+-600s bad input, -700s objects, -800s data path, -900s RPC.  Where a code here shares a number
+with Mooncake's own `ErrorCode` it means the same thing (INVALID_KEY -400, REPLICA_IS_NOT_READY
+-703, OBJECT_NOT_FOUND -704, OBJECT_HAS_LEASE -706, LEASE_EXPIRED -707, TRANSFER_FAIL -800,
+CHECKSUM_MISMATCH -801, ...); this project's own errors sit on numbers Mooncake does not use
+(-602, -603, -720, -721, -810, -910, -911).  docs/ERRORS.md has the whole table, and
+`mooncake_store.compat.codes` turns any of these into the code a Mooncake caller expects.
+The code travels on the wire (`Status.code` in proto/), and `error_for_code` is the single
+table that turns it back into the most specific class.
 
     MooncakeError                      root; every error carries `.code`
     ├── InvalidArgumentError           (also ValueError) bad input, says what to do
@@ -14,6 +19,7 @@ the most specific class.
     ├── NoSpaceError                   no node can hold the object
     ├── ObjectNotFoundError            (also KeyError) no committed object under the key
     ├── ObjectBusyError                a put of the key is in progress
+    ├── ObjectHasLeaseError            remove(force=False) of an object being read
     ├── ReplicaUnavailableError        the object exists but no replica could be read
     ├── ChecksumMismatchError          bytes read do not match the committed checksum
     ├── IdentityMismatchError          the object was stored under another identity
@@ -49,7 +55,7 @@ class InvalidArgumentError(MooncakeError, ValueError):
 
 
 class InvalidKeyError(InvalidArgumentError):
-    code = -601
+    code = -400  # Mooncake INVALID_KEY
 
 
 class InvalidValueError(InvalidArgumentError, TypeError):
@@ -76,42 +82,48 @@ class ObjectNotFoundError(MooncakeError, KeyError):
 
 
 class ObjectBusyError(MooncakeError):
-    code = -705
+    code = -703  # Mooncake REPLICA_IS_NOT_READY: the put has not ended
+
+
+class ObjectHasLeaseError(MooncakeError):
+    """A remove without `force` found the object under a read lease (or a copy in flight)."""
+
+    code = -706  # Mooncake OBJECT_HAS_LEASE
 
 
 class ReplicaUnavailableError(MooncakeError):
-    code = -706
+    code = -720
 
 
 class ChecksumMismatchError(MooncakeError):
-    code = -707
+    code = -801  # Mooncake CHECKSUM_MISMATCH
 
 
 class IdentityMismatchError(MooncakeError):
-    code = -708
+    code = -721
 
 
 class DataPathError(MooncakeError):
-    code = -800
+    code = -800  # Mooncake TRANSFER_FAIL
 
 
 class AccessDeniedError(DataPathError):
-    code = -801
+    code = -810
 
 
 class GrantExpiredError(AccessDeniedError):
     """The grant's lease or put window ended before the node saw the access (the client
     re-asks the master once for a read)."""
 
-    code = -802
+    code = -707  # Mooncake LEASE_EXPIRED
 
 
 class RpcError(MooncakeError):
-    code = -900
+    code = -900  # Mooncake RPC_FAIL
 
 
 class MasterUnavailableError(RpcError, ConnectionError):
-    code = -901
+    code = -911  # (-901 is Mooncake's RPC_TIMEOUT: MasterTimeoutError)
 
 
 class TlsError(RpcError, ConnectionError):
@@ -126,7 +138,7 @@ class MasterTimeoutError(RpcError, TimeoutError):
     have taken effect; the client retries it only where repeating it is safe (lookups, and a
     PutEnd, which the master answers the same way twice)."""
 
-    code = -902
+    code = -901  # Mooncake RPC_TIMEOUT
 
 
 OK = 0
@@ -143,6 +155,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         NoSpaceError,
         ObjectNotFoundError,
         ObjectBusyError,
+        ObjectHasLeaseError,
         ReplicaUnavailableError,
         ChecksumMismatchError,
         IdentityMismatchError,

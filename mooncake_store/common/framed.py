@@ -38,6 +38,8 @@ METHODS: tuple[str, ...] = (
     "ListNodes",
     "Stats",
     "BatchReportCorrupt",
+    "ListKeys",  # issue 13
+    "BatchDescribe",  # issue 13
 )
 METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
 

@@ -178,6 +178,22 @@ class ObjectColumns:
         ]
         return found
 
+    def scan_keys(
+        self, start: int, limit: int, prefix: str = "", budget: int = 65536
+    ) -> tuple[list[tuple[str, int, int]], int]:
+        """Committed keys from slot `start` on: up to `limit` (key, size, replicas) rows, looking
+        at no more than `budget` slots, and the slot to continue from (-1: the end).  Bounded,
+        so a listing of millions of keys never holds the master's loop for long."""
+        rows: list[tuple[str, int, int]] = []
+        end = min(len(self._key), start + budget)
+        slot = start
+        while slot < end and len(rows) < limit:
+            key = self._key[slot]
+            if key is not None and self._state[slot] == COMPLETE and key.startswith(prefix):
+                rows.append((key, self._size[slot], len(self._replicas(slot))))
+            slot += 1
+        return rows, (slot if slot < len(self._key) else -1)
+
     def _states(self) -> np.ndarray:
         return np.frombuffer(self._state, dtype=np.uint8) if len(self._state) else np.zeros(0)
 

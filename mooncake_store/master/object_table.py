@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -176,14 +176,18 @@ class ObjectTable(ReplicaRelocation):
         tag: bytes = b"",
         pin_ttl_s: float | None = None,
         owner: int = 0,
+        soft_pin_ttl_s: float = 0.0,
+        preferred_nodes: Sequence[str] = (),
     ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
 
         `fingerprint` names the writer's identity (reads presenting another are refused),
         `parent_key` the previous block of its prefix chain, `tag` small application metadata,
-        `pin_ttl_s` protects it from eviction (0 or inf: until removed; None: not pinned).
-        `owner` names the client connection (0: none): `revoke_owner` ends its pending puts.
-        When no node has room, victims are evicted synchronously, for at most
+        `pin_ttl_s` protects it from eviction (0 or inf: until removed; None: not pinned);
+        `soft_pin_ttl_s` (> 0) keeps it for that long unless nothing else can be evicted.
+        `preferred_nodes` (node ids or data endpoints) receive the replicas when they have
+        room.  `owner` names the client connection (0: none): `revoke_owner` ends its pending
+        puts.  When no node has room, victims are evicted synchronously, for at most
         `max_pending_share` of a segment held by pending puts.
 
         Raises:
@@ -254,7 +258,11 @@ class ObjectTable(ReplicaRelocation):
                 f"puts started and not yet ended hold {share:.0%} of every node's pool (the "
                 f"master's max_pending_share): end or revoke them, or retry shortly"
             )
-        chosen = choose_segments(open_, extent, wanted)
+        preferred = {
+            s.node_id for s in open_
+            if s.node_id in preferred_nodes or s.info.node.endpoint in preferred_nodes
+        } if preferred_nodes else set()  # fmt: skip
+        chosen = choose_segments(open_, extent, wanted, preferred)
         if not chosen:
             chosen = self._evict_for(open_, extent)
         if not chosen:
@@ -282,6 +290,8 @@ class ObjectTable(ReplicaRelocation):
         )  # fmt: skip
         self._cold_set(slot, "tag", tag)
         self._cold_set(slot, "pin_until_s", pin_until)
+        if soft_pin_ttl_s > 0:
+            self._cold_set(slot, "soft_pin_until_s", now + soft_pin_ttl_s)
         deadline = now + self.config.put_timeout_s
         self._pending[key] = deadline
         if owner:
@@ -302,11 +312,17 @@ class ObjectTable(ReplicaRelocation):
     def make_room(self, seg: Segment, extent: int) -> bool:
         """Evict victims from `seg` until an extent of `extent` bytes fits."""
         while seg.allocator.largest_free() < extent:
-            victim = self.policy.pick(seg.segment_id, self._evictable)
+            # Soft-pinned objects go only when nothing else can (issue 13).
+            victim = self.policy.pick(seg.segment_id, self._evictable_unpinned)
+            if victim is None:
+                victim = self.policy.pick(seg.segment_id, self._evictable)
             if victim is None:
                 return False
             self._evict(victim, seg)
         return True
+
+    def _evictable_unpinned(self, slot: int) -> bool:
+        return self._evictable(slot) and self._cold_get(slot, "soft_pin_until_s") <= self._clock()
 
     def victim(self, seg: Segment) -> str | None:
         """The key the eviction policy would evict from `seg` next (nothing is removed)."""
@@ -569,6 +585,14 @@ class ObjectTable(ReplicaRelocation):
         """Persist these keys' current state again (after a failed metadata write)."""
         for key in keys:
             self._dirty[key] = key in self._slot
+
+    def leased(self, key: str) -> bool:
+        """True while a read lease or a copy in flight protects `key`'s bytes (remove without
+        force refuses it: ObjectHasLeaseError)."""
+        slot = self._slot.get(key)
+        if slot is None:
+            return False
+        return self._protected_until(slot) > self._clock() or bool(self._cold_get(slot, "moving"))
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.

@@ -26,12 +26,16 @@ class Replica:
 class ColdFields:
     """The fields of ObjectMeta that almost every block leaves at their defaults."""
 
-    __slots__ = ("hold_until_s", "moving", "pin_until_s", "slow_reads", "tag", "wanted_replicas")
+    __slots__ = (
+        "hold_until_s", "moving", "pin_until_s", "slow_reads", "soft_pin_until_s", "tag",
+        "wanted_replicas",
+    )  # fmt: skip
 
     hold_until_s: float
     moving: bool
     pin_until_s: float
     slow_reads: int
+    soft_pin_until_s: float
     tag: bytes
     wanted_replicas: int
 
@@ -47,6 +51,7 @@ COLD_DEFAULTS: dict[str, object] = {
     "slow_reads": 0,
     "wanted_replicas": 1,
     "hold_until_s": 0.0,
+    "soft_pin_until_s": 0.0,  # issue 13: evicted only when nothing unpinned is left
 }
 
 
@@ -95,6 +100,7 @@ class ObjectMeta:
     slow_reads = _ColdField(0)  # reads served only from a persistent tier since it got there
     wanted_replicas = _ColdField(1)  # what the put asked for: re-replication restores it
     hold_until_s = _ColdField(0.0)  # a node-to-node copy reads the source until then
+    soft_pin_until_s = _ColdField(0.0)  # kept while anything else can be evicted (not persisted)
 
     def __init__(
         self,
@@ -118,6 +124,7 @@ class ObjectMeta:
         window_start_s: float = 0.0,  # hot-block detection: reads since window_start_s
         window_reads: int = 0,
         hold_until_s: float = 0.0,
+        soft_pin_until_s: float = 0.0,
     ) -> None:
         self.key = key
         self.size_bytes = size_bytes
@@ -139,6 +146,7 @@ class ObjectMeta:
         self.slow_reads = slow_reads
         self.wanted_replicas = wanted_replicas
         self.hold_until_s = hold_until_s
+        self.soft_pin_until_s = soft_pin_until_s
 
     @property
     def replicas(self) -> tuple[Replica, ...]:

@@ -24,6 +24,7 @@ from mooncake_store.common.errors import (
     OK,
     InvalidArgumentError,
     MooncakeError,
+    ObjectHasLeaseError,
     ObjectNotFoundError,
     SegmentNotFoundError,
 )
@@ -117,6 +118,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 tag=item.tag,
                 pin_ttl_s=item.pin_ttl_s if item.pin else None,
                 owner=owner,
+                soft_pin_ttl_s=item.soft_pin_ttl_s,
+                preferred_nodes=item.preferred_nodes,
             )
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
@@ -320,13 +323,19 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def BatchExists(self, request: pb.KeysRequest, context: object) -> pb.BatchExistsResponse:
         return pb.BatchExistsResponse(exists=[self.table.exists(k) for k in request.keys])
 
-    async def _remove(self, keys: list[str]) -> list[pb.Status]:
+    async def _remove(self, keys: list[str], unless_leased: bool = False) -> list[pb.Status]:
         """Durable before visible: the deletes reach RocksDB first, then the objects go.  When
-        the write fails, nothing is removed and every key reports the failure."""
+        the write fails, nothing is removed and every key reports the failure.  With
+        `unless_leased`, an object being read is refused (ObjectHasLeaseError)."""
         statuses: list[pb.Status | None] = []
         doomed: list[ObjectMeta] = []
         for key in keys:
             try:
+                if unless_leased and self.table.leased(key):
+                    raise ObjectHasLeaseError(
+                        f"{key!r} is being read (its read lease has not ended); remove it "
+                        "with force, or retry after the lease"
+                    )
                 doomed.append(self.table.check_removable(key))
                 statuses.append(None)
             except MooncakeError as exc:
@@ -351,7 +360,47 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return (await self._remove([request.key]))[0]
 
     async def BatchRemove(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
-        return pb.StatusesResponse(statuses=await self._remove(list(request.keys)))
+        return pb.StatusesResponse(
+            statuses=await self._remove(list(request.keys), request.unless_leased)
+        )
+
+    # ---- issue 13: key listing and metadata-only descriptions ------------------------------
+
+    async def ListKeys(self, request: pb.ListKeysRequest, context: object) -> pb.ListKeysResponse:
+        limit = min(request.limit or 1000, 10000)
+        try:
+            start = int(request.cursor or "0")
+            if start < 0:
+                raise ValueError
+        except ValueError:
+            return pb.ListKeysResponse()  # a cursor this master never issued: nothing more
+        rows, next_slot = self.table.scan_keys(start, limit, request.prefix)
+        return pb.ListKeysResponse(
+            keys=[pb.KeyInfo(key=k, size_bytes=size, replicas=n) for k, size, n in rows],
+            next_cursor="" if next_slot < 0 else str(next_slot),
+        )
+
+    async def BatchDescribe(
+        self, request: pb.KeysRequest, context: object
+    ) -> pb.BatchDescribeResponse:
+        reply = pb.BatchDescribeResponse()
+        for key in request.keys:
+            out = reply.results.add()
+            meta = self.table.get(key) if self.table.exists(key) else None
+            if meta is None:
+                out.status.code = ObjectNotFoundError.code
+                out.status.message = f"no object under key {key!r}"
+                continue
+            out.size_bytes = meta.size_bytes
+            for r in meta.replicas:
+                seg = self.table.segment(r.segment_id)
+                if seg is None:
+                    continue
+                out.replicas.add(
+                    node_id=seg.node_id, segment_id=seg.segment_id,
+                    endpoint=seg.info.node.endpoint, tier=seg.tier.value, offset=r.offset,
+                )  # fmt: skip
+        return reply
 
     # ---- nodes ----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ def test_public_surface_is_pinned_and_sorted():
         "NoSpaceError",
         "NodeStatus",
         "ObjectBusyError",
+        "ObjectHasLeaseError",
         "ObjectNotFoundError",
         "PrefixRead",
         "PutResult",
@@ -135,3 +136,43 @@ def test_host_staging_reuses_buffers_by_size_class():
     big = staging.take(staging.max_kept_bytes + 1)
     staging.give(big)
     assert staging.take(staging.max_kept_bytes + 1) is not big  # too big to keep
+
+
+# Mooncake Store's own ErrorCode values (mooncake-store/include/types.h): a code this project
+# shares with Mooncake must mean the same thing, so an engine reading it is never misled.
+MOONCAKE_CODES = {
+    -1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -100: "SHARD_INDEX_OUT_OF_RANGE",
+    -101: "SEGMENT_NOT_FOUND", -102: "SEGMENT_ALREADY_EXISTS", -103: "CLIENT_NOT_FOUND",
+    -200: "NO_AVAILABLE_HANDLE", -300: "INVALID_VERSION", -400: "INVALID_KEY",
+    -500: "WRITE_FAIL", -600: "INVALID_PARAMS", -601: "ILLEGAL_CLIENT", -700: "INVALID_WRITE",
+    -701: "INVALID_READ", -702: "INVALID_REPLICA", -703: "REPLICA_IS_NOT_READY",
+    -704: "OBJECT_NOT_FOUND", -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE",
+    -707: "LEASE_EXPIRED", -708: "OBJECT_HAS_REPLICATION_TASK",
+    -709: "OBJECT_NO_REPLICATION_TASK", -710: "REPLICA_NOT_FOUND",
+    -711: "REPLICA_ALREADY_EXISTS", -712: "REPLICA_IS_GONE", -800: "TRANSFER_FAIL",
+    -801: "CHECKSUM_MISMATCH", -900: "RPC_FAIL", -901: "RPC_TIMEOUT",
+    -1010: "UNAVAILABLE_IN_CURRENT_STATUS", -1011: "UNAVAILABLE_IN_CURRENT_MODE",
+    -1012: "NOT_SUPPORTED",
+}  # fmt: skip
+
+# What each shared number means here: the class that carries it.
+SAME_MEANING = {
+    "INTERNAL_ERROR": "MooncakeError", "SEGMENT_NOT_FOUND": "SegmentNotFoundError",
+    "NO_AVAILABLE_HANDLE": "NoSpaceError", "INVALID_KEY": "InvalidKeyError",
+    "INVALID_PARAMS": "InvalidArgumentError", "REPLICA_IS_NOT_READY": "ObjectBusyError",
+    "OBJECT_NOT_FOUND": "ObjectNotFoundError", "OBJECT_HAS_LEASE": "ObjectHasLeaseError",
+    "LEASE_EXPIRED": "GrantExpiredError", "TRANSFER_FAIL": "DataPathError",
+    "CHECKSUM_MISMATCH": "ChecksumMismatchError", "RPC_FAIL": "RpcError",
+    "RPC_TIMEOUT": "MasterTimeoutError",
+}  # fmt: skip
+
+
+def test_codes_shared_with_mooncake_mean_the_same():
+    for cls in vars(errors).values():
+        if not (isinstance(cls, type) and issubclass(cls, errors.MooncakeError)):
+            continue
+        name = MOONCAKE_CODES.get(cls.code)
+        if name is not None:
+            assert SAME_MEANING.get(name) == cls.__name__, (
+                f"{cls.__name__} uses {cls.code}, which is Mooncake's {name}"
+            )

@@ -1,0 +1,73 @@
+"""Client-contributed memory: the store node a Mooncake-style client starts for its segment.
+
+In Mooncake every engine rank mounts `global_segment_size` bytes of its own memory into the
+pool.  Here memory is served by store nodes, so `setup(..., global_segment_size=N)` starts one:
+a `mooncake-store` child process of this client, with an N-byte DRAM pool, mounted on the same
+master.  `close()` stops it with SIGTERM (a node drains what it can on SIGTERM) and waits for
+it; its objects go with it, as a Mooncake client's do when it closes.  The child runs in its own
+session, so a signal to the engine's process group does not stop it before the client does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from mooncake_store.cluster import NODE_READY, DaemonProcess
+
+log = logging.getLogger("mooncake.compat")
+
+MIN_SEGMENT_BYTES = 1 << 20  # a node's pool holds at least one 1 MiB block
+
+
+class ContributedSegment:
+    """A store node owned by this client (see the module docstring)."""
+
+    def __init__(
+        self,
+        master: str,
+        size_bytes: int,
+        *,
+        host: str,
+        node_id: str,
+        extra_args: list[str] | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        if size_bytes < MIN_SEGMENT_BYTES:
+            raise ValueError(
+                f"global_segment_size {size_bytes} is below {MIN_SEGMENT_BYTES} bytes; "
+                "pass 0 to contribute no memory"
+            )
+        self.node_id = node_id
+        self.size_bytes = size_bytes
+        self._dir = Path(tempfile.mkdtemp(prefix="mooncake-compat-node-"))
+        args = [
+            sys.executable, "-m", "mooncake_store.node", "--master", master, "--host", host,
+            "--port", "0", "--control-port", "0", "--dram", str(size_bytes),
+            "--node-id", node_id, *(extra_args or []),
+        ]  # fmt: skip
+        self._process = DaemonProcess(
+            args, self._dir / "node.log", NODE_READY, start_timeout_s, env=dict(os.environ)
+        )
+        match = self._process.match
+        self.endpoint = f"{match.group(2)}:{match.group(3)}"
+        log.info(
+            "contributed %d bytes to the pool: store node %s (pid %d) serving at %s",
+            size_bytes, node_id, self._process.pid, self.endpoint,
+        )  # fmt: skip
+
+    @property
+    def log_path(self) -> Path:
+        return self._process.log_path
+
+    def alive(self) -> bool:
+        return self._process.alive()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait for the node to drain and exit; SIGKILL after `timeout_s`."""
+        code = self._process.stop(timeout_s)
+        log.info("contributed store node %s stopped (exit code %d)", self.node_id, code)
+        return code
