@@ -5,6 +5,7 @@ Starts its own cluster (a master and one store node on 127.0.0.1), then for each
 measures, one client thread:
   ours-shm   put_from / get_into through the node's shared memory (client on the same host)
   ours-tcp   the same calls over the TCP data path (local_shm=False)
+  ours-tcp-tls  the same over TLS (--tls: a second cluster with a throwaway CA, mutual TLS)
   memcpy     numpy.copyto between two warm buffers in one process (upper bound, same host)
   tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
   ours-shm-batchN / ours-tcp-batchN   put_many / get_many_into of N keys per call (opt-in)
@@ -15,12 +16,13 @@ reused the same way), while the store side moves through fresh extents; every va
 index in its first 8 bytes, checked on every get.  memcpy copies one buffer to and from slots
 of a 256 MiB ring.  Prints a table and writes JSON records.
 
-    python scripts/bench.py [--sizes 64K,1M,4M,16M] [--total-mib 256] [--json OUT.json]
+    python scripts/bench.py [--sizes 64K,1M,4M,16M] [--total-mib 256] [--json OUT.json] [--tls]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from mooncake_store import Client  # noqa: E402
 from mooncake_store.cluster import LocalCluster  # noqa: E402
+from mooncake_store.common.tls import TlsConfig  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
 TCP_SERVER = r"""
@@ -141,9 +144,17 @@ def release(store: Client, keys: list[str]) -> None:
         raise SystemExit(f"the store evicted {evictions} blocks: give the node a bigger pool")
 
 
-def bench_store(master: str, size: int, count: int, max_s: float, *, local_shm: bool) -> dict:
-    system = "ours-shm" if local_shm else "ours-tcp"
-    with Client(master, local_shm=local_shm) as store:
+def bench_store(
+    master: str,
+    size: int,
+    count: int,
+    max_s: float,
+    *,
+    local_shm: bool,
+    tls: TlsConfig | None = None,
+) -> dict:
+    system = "ours-shm" if local_shm else "ours-tcp-tls" if tls is not None else "ours-tcp"
+    with Client(master, local_shm=local_shm, tls=tls or TlsConfig()) as store:
         keys = [f"bench/{system}/{size}/{i}" for i in range(count)]
         warm = np.ones(size, dtype=np.uint8)
         store.put_from("warmup", warm)  # maps the pool, opens connections
@@ -235,9 +246,30 @@ def bench_tcp(size: int, count: int, max_s: float) -> dict:
     return record("tcp", size, put_s, get_s, put_wall, get_wall)
 
 
+def start_tls_cluster(
+    stack: contextlib.ExitStack, tmp: Path, dram: str, master_args: list[str]
+) -> tuple[LocalCluster, TlsConfig]:
+    """A second cluster whose every connection is TLS (mutual), from a throwaway CA."""
+    from tests.tls_certs import TestCA  # needs the [test] extra (cryptography)
+
+    ca = TestCA(tmp / "ca")
+    client_tls = ca.config("client")
+    cluster = stack.enter_context(
+        LocalCluster(
+            tmp / "tls",
+            nodes=1,
+            dram=dram,
+            master_args=[*master_args, *ca.daemon_args("master")],
+            node_args=ca.daemon_args("node"),
+            client_options={"tls": client_tls},
+        )
+    )
+    return cluster, client_tls
+
+
 def print_table(records: list[dict]) -> None:
     header = (
-        f"{'system':<9} {'size':>6} {'ops':>5} {'put GB/s':>9} {'get GB/s':>9} "
+        f"{'system':<14} {'size':>6} {'ops':>5} {'put GB/s':>9} {'get GB/s':>9} "
         f"{'put p50 us':>10} {'put p99 us':>10} {'get p50 us':>10} {'get p99 us':>10}"
     )
     print(header)
@@ -246,7 +278,7 @@ def print_table(records: list[dict]) -> None:
         size = r["size_bytes"]
         label = f"{size >> 20}M" if size >= 1 << 20 else f"{size >> 10}K"
         print(
-            f"{r['system']:<9} {label:>6} {r['ops']:>5} {r['put_gbps']:>9.2f} "
+            f"{r['system']:<14} {label:>6} {r['ops']:>5} {r['put_gbps']:>9.2f} "
             f"{r['get_gbps']:>9.2f} {r['put_p50_us']:>10.0f} {r['put_p99_us']:>10.0f} "
             f"{r['get_p50_us']:>10.0f} {r['get_p99_us']:>10.0f}"
         )
@@ -267,9 +299,17 @@ def main() -> None:
         action="store_true",
         help="run the master with --no-sync-commits (commits not fsync'd); systems get -nosync",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also run ours-tcp-tls: the TCP path of a second cluster with TLS (same run)",
+    )
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     systems = args.systems.split(",")
+    if args.tls and "ours-tcp-tls" not in systems:
+        systems.insert(systems.index("ours-tcp") + 1 if "ours-tcp" in systems else 0,
+                       "ours-tcp-tls")  # fmt: skip
     total = args.total_mib << 20
     records = []
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
@@ -278,11 +318,25 @@ def main() -> None:
         master_args = ["--lease-ttl", "1s"]
         if args.no_sync_commits:
             master_args.append("--no-sync-commits")
-        with LocalCluster(tmp, nodes=1, dram=dram, master_args=master_args) as cluster:
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(
+                LocalCluster(Path(tmp) / "plain", nodes=1, dram=dram, master_args=master_args)
+            )
+            tls_cluster, client_tls = None, None
+            if "ours-tcp-tls" in systems:
+                tls_cluster, client_tls = start_tls_cluster(stack, Path(tmp), dram, master_args)
             for size in sizes:
                 count = max(1, min(args.max_ops, total // size))
                 for system in systems:
-                    if system in ("ours-shm", "ours-tcp"):
+                    if system == "ours-tcp-tls":
+                        assert tls_cluster is not None
+                        master = tls_cluster.master_address
+                        rec = bench_store(master, size, count, args.max_seconds, local_shm=False,
+                                          tls=client_tls)  # fmt: skip
+                        if args.no_sync_commits:
+                            rec["system"] += "-nosync"
+                        records.append(rec)
+                    elif system in ("ours-shm", "ours-tcp"):
                         shm = system == "ours-shm"
                         master = cluster.master_address
                         rec = bench_store(master, size, count, args.max_seconds, local_shm=shm)
