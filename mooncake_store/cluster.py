@@ -21,10 +21,24 @@ from typing import Any
 
 import click
 
+from mooncake_store.common.daemon import OneLineErrors, fail
+from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.units import format_size, parse_size
+from mooncake_store.master.config import DEFAULT_MASTER_PORT
+from mooncake_store.node.memory import available_memory_bytes
+
 _MASTER_READY = re.compile(r"mooncake-master listening on (\S+):(\d+)")
 NODE_READY = _NODE_READY = re.compile(
     r"mooncake-store node (\S+) serving .* data (\S+):(\d+), control \S+:(\d+)"
 )
+_METRICS = re.compile(r"metrics (http://\S+/metrics)")
+
+# `make run` serves the master's /metrics here and node i's on the next ports.
+DEFAULT_METRICS_PORT = 9150
+
+
+class DaemonStartError(RuntimeError):
+    """A daemon of the cluster exited or stayed silent at start; the message is one line."""
 
 
 class DaemonProcess:
@@ -72,10 +86,29 @@ class DaemonProcess:
         reader.start()
         reader.join(max(0.0, deadline - time.monotonic()))
         if not result:
+            code = self.proc.poll()
+            if code is None and not reader.is_alive():  # its output ended: it is exiting
+                try:
+                    code = self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
             self.kill()
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{' '.join(self.args)} did not start; log tail:\n{tail}")
+            lines = [x for x in self.log_path.read_text(errors="replace").splitlines() if x.strip()]
+            last = lines[-1].strip() if lines else ""
+            what = self.log_path.stem
+            if code is not None:
+                cause = f"{what} exited with code {code} at start"
+            else:
+                cause = f"{what} did not start within {timeout_s:g}s"
+            detail = f": {last}" if last else " and logged nothing"
+            raise DaemonStartError(f"{cause}{detail} (log: {self.log_path})")
         return result[0]
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The daemon's /metrics URL from its start-up line, if it serves one."""
+        m = _METRICS.search(self.match.string)
+        return m.group(1) if m else None
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
@@ -130,6 +163,7 @@ class LocalCluster:
         nvme: str | None = None,
         start_timeout_s: float = 30.0,
         client_options: dict[str, Any] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.root = Path(root)
         # Client(...) options of the cluster's own probes (e.g. tls= for a TLS cluster).
@@ -142,6 +176,7 @@ class LocalCluster:
         self.master_args = list(master_args)
         self.node_args = list(node_args)
         self.timeout_s = start_timeout_s
+        self.metrics_port = metrics_port  # the master's; node i gets metrics_port + 1 + i when > 0
         self.master: DaemonProcess | None = None
         self.master_port = 0
         self.nodes: list[DaemonProcess] = []
@@ -169,6 +204,8 @@ class LocalCluster:
             str(self.master_port),
             "--data-dir",
             str(self.data_dir),
+            "--metrics-port",
+            str(self.metrics_port),
             *self.master_args,
         ]
         self.master = DaemonProcess(
@@ -193,11 +230,19 @@ class LocalCluster:
         args = [
             sys.executable, "-m", "mooncake_store.node", "--master", self.master_address,
             "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id", f"node-{index}",
+            "--metrics-port", str(self.metrics_port + 1 + index if self.metrics_port > 0
+                                  else self.metrics_port),
             *self.node_args, *extra_args,
         ]  # fmt: skip
         if self.nvme:
             args += ["--nvme-dir", str(self.root / f"nvme-{index}"), "--nvme", self.nvme]
         return DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY, self.timeout_s)
+
+    def metrics_lines(self) -> list[str]:
+        """`metrics: <daemon> <url>` for every daemon that serves /metrics."""
+        daemons = [("master", self.master), *((f"node-{i}", n) for i, n in enumerate(self.nodes))]
+        return [f"metrics: {name} {d.metrics_url}" for name, d in daemons
+                if d is not None and d.metrics_url]  # fmt: skip
 
     def node_endpoint(self, index: int) -> str:
         m = self.nodes[index].match
@@ -235,16 +280,34 @@ class LocalCluster:
         self.stop()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    "mooncake-cluster", cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--data-dir",
     default="mooncake-data",
     show_default=True,
     help="Directory for the master's RocksDB and the logs.",
 )
-@click.option("--nodes", default=2, show_default=True, help="Store nodes to start.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="The master's gRPC port; 0 picks a free one.  [default: 50051, or 0 with --exit]",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(-1, 65535),
+    default=None,
+    help="The master's /metrics port; node i serves on this + 1 + i; 0: free ports, -1: off.  "
+    "[default: 9150, or 0 with --exit]",
+)
+@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Store nodes to start (at least 1).")  # fmt: skip
 @click.option("--dram", default="256MiB", show_default=True, help="DRAM pool per node.")
-@click.option("--nvme", default=None, help="Give each node an NVMe tier of this size.")
+@click.option(
+    "--nvme", default=None, help="Give each node an NVMe tier of this size.  [default: none]"
+)
 @click.option(
     "--demo/--no-demo",
     default=True,
@@ -253,20 +316,48 @@ class LocalCluster:
 )
 @click.option("--exit", "exit_after", is_flag=True, help="Stop after the demo instead of serving.")
 def main(
-    data_dir: str, nodes: int, dram: str, nvme: str | None, demo: bool, exit_after: bool
+    data_dir: str,
+    port: int | None,
+    metrics_port: int | None,
+    nodes: int,
+    dram: str,
+    nvme: str | None,
+    demo: bool,
+    exit_after: bool,
 ) -> None:
     """Start a local cluster (master + store nodes) on 127.0.0.1 and serve until Ctrl-C."""
     from mooncake_store.demo import run_demo
 
-    cluster = LocalCluster(data_dir, nodes=nodes, dram=dram, nvme=nvme)
-    cluster.master_port = 50051 if not exit_after else 0
+    name = "mooncake-cluster"
     try:
-        cluster.start()
+        dram_bytes = parse_size(dram)
+    except InvalidArgumentError as exc:
+        fail(name, f"bad value for --dram: {exc}", 2)
+    available = available_memory_bytes()
+    if available is not None and dram_bytes * nodes > available:
+        fail(name, f"{nodes} nodes x --dram {format_size(dram_bytes)} is more than the "
+                   f"{format_size(available)} of memory available: pass a smaller --dram or "
+                   "fewer --nodes", 2)  # fmt: skip
+    if port is None:
+        port = 0 if exit_after else DEFAULT_MASTER_PORT
+    if metrics_port is None:
+        metrics_port = 0 if exit_after else DEFAULT_METRICS_PORT
+    cluster = LocalCluster(data_dir, nodes=nodes, dram=dram, nvme=nvme, metrics_port=metrics_port)
+    cluster.master_port = port
+    try:
+        try:
+            cluster.start()
+        except DaemonStartError as exc:
+            fail(name, str(exc), 1)
+        except TimeoutError as exc:
+            fail(name, f"{exc}; see the logs in {cluster.log_dir}", 1)
         tiers = f"{dram} DRAM" + (f" + {nvme} NVMe" if nvme else "")
         click.echo(
             f"cluster up: master {cluster.master_address}, {nodes} nodes x {tiers} "
             f"(logs in {cluster.log_dir})"
         )
+        for line in cluster.metrics_lines():
+            click.echo(line)
         if demo:
             run_demo(cluster.master_address, echo=click.echo)
         if not exit_after:

@@ -1,11 +1,16 @@
-"""Settings of the master daemon (`mooncake-master`)."""
+"""Settings of the master daemon (`mooncake-master`): the one config object, passed down whole.
+
+Every field is a setting with one name as flag, TOML key and env variable (see
+`common/config.py`); the master's parts (object table, tiering, replication, mover, servers)
+read their settings from this object, never from copies of it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
-from mooncake_store.common.config import duration_field, size_field
+from mooncake_store.common.config import duration_field, setting, size_field
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.tls import TlsConfig
 
@@ -14,53 +19,102 @@ DEFAULT_MASTER_PORT = 50051
 
 @dataclass(frozen=True)
 class MasterConfig:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_MASTER_PORT
-    # Framed control endpoint for Python clients (common/framed.py): 0 picks a free port, which
-    # clients learn from Hello; -1 serves gRPC only.
-    framed_port: int = 0
-    data_dir: str = "mooncake-data/master"
-    # Durability of a commit (PutEnd, remove) when the call returns (master/persistence.py):
-    # True: its RocksDB group commit is fsync'd (survives a host crash; ~0.2-0.3 ms a commit).
-    # False (default): it is in RocksDB's write-ahead log (survives a master crash, kill -9
-    # included) and a background fsync runs at least every `sync_interval_s` (a host crash
-    # loses at most that window; 0: no background fsync, the OS writes the log back).
-    sync_commits: bool = False
-    sync_interval_s: float = duration_field(0.1)
-    lease_ttl_s: float = duration_field(5.0)
-    put_timeout_s: float = duration_field(30.0)
-    heartbeat_interval_s: float = duration_field(1.0)
-    heartbeat_ttl_s: float = duration_field(10.0)
-    restore_grace_s: float = duration_field(30.0)
-    tick_interval_s: float = duration_field(0.25)
-    default_replicas: int = 1
-    alignment_bytes: int = size_field(4096)
-    max_message_bytes: int = size_field(64 * 1024 * 1024)
-    eviction_policy: str = "weighted"
-    eviction_depth_cost: float = 0.02
-    eviction_ghost_entries: int = 1_000_000
-    dram_high_watermark: float = 0.90
-    dram_low_watermark: float = 0.75
-    nvme_high_watermark: float = 0.95
-    nvme_low_watermark: float = 0.90
-    promote_after_reads: int = 2
-    max_moves_per_tick: int = 64
-    hot_reads: int = 64
-    hot_window_s: float = duration_field(10.0)
-    max_replicas: int = 3
-    max_copies_per_tick: int = 128
-    # Puts started and not yet committed may hold at most this share of a node's pool (and
-    # evict committed blocks only for that much); a pool holding none takes any one put.
-    max_pending_share: float = 0.5
-    # TLS (common/tls.py): PEM paths; cert + key serve TLS on gRPC and the framed endpoint, and
-    # ca verifies the nodes' control endpoints and (with require_client_cert) every client.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    tls_require_client_cert: bool = True
-    # The host clients dial the framed endpoint at (sent in Hello); empty: the host they dialed
-    # for gRPC.  Never a wildcard address.
-    advertise_host: str = ""
+    host: str = setting("127.0.0.1", "Address to bind.")
+    port: int = setting(DEFAULT_MASTER_PORT, "gRPC port; 0 picks a free one (printed at start).")
+    framed_port: int = setting(
+        0,
+        "Port of the framed control endpoint Python clients use (advertised by Hello); "
+        "0 picks a free one, -1 serves gRPC only.",
+    )
+    metrics_port: int = setting(
+        0,
+        "Port of the Prometheus /metrics endpoint; 0 picks a free one (printed at start), -1: off.",
+    )
+    data_dir: str = setting("mooncake-data/master", "RocksDB directory (relative to the cwd).")
+    sync_commits: bool = setting(
+        False,
+        "fsync each group commit before answering; off (default): answer once it is in "
+        "RocksDB's log and fsync the log in the background every --sync-interval.",
+    )
+    sync_interval_s: float = duration_field(
+        0.1,
+        "Without --sync-commits: fsync RocksDB's log at least this often while commits are "
+        "unsynced; a host crash loses at most this window (0: never, the OS decides).",
+    )
+    lease_ttl_s: float = duration_field(
+        5.0, "Read lease: a block being read is not freed or reused for this long."
+    )
+    put_timeout_s: float = duration_field(30.0, "A put not ended within this is reclaimed.")
+    heartbeat_interval_s: float = duration_field(1.0, "How often nodes heartbeat.")
+    heartbeat_ttl_s: float = duration_field(10.0, "A node silent this long is declared dead.")
+    restore_grace_s: float = duration_field(
+        30.0, "After a restart, how long restored replicas wait for their node to mount again."
+    )
+    tick_interval_s: float = duration_field(
+        0.25, "Period of the background work (liveness, reclaims, tiering, repairs)."
+    )
+    default_replicas: int = setting(1, "Copies per put when the client does not say.")
+    alignment_bytes: int = size_field(4096, "Extent alignment in the pools (a power of two).")
+    max_message_bytes: int = size_field(
+        64 * 1024 * 1024, "Largest gRPC message or framed-endpoint frame accepted (at least 4MiB)."
+    )
+    eviction_policy: str = setting(
+        "weighted",
+        "Which blocks go first when a tier is full: weighted (chain-aware GreedyDual) or lru.",
+        choices=("weighted", "lru"),
+    )
+    eviction_depth_cost: float = setting(0.02, "Weighted policy: extra value per prefix depth.")
+    eviction_ghost_entries: int = setting(
+        1_000_000, "Weighted policy: evicted keys remembered to recognise re-admissions."
+    )
+    dram_high_watermark: float = setting(0.90, "DRAM fill that starts demotion to NVMe.")
+    dram_low_watermark: float = setting(0.75, "DRAM fill that demotion stops at.")
+    nvme_high_watermark: float = setting(0.95, "NVMe fill that starts dropping blocks.")
+    nvme_low_watermark: float = setting(0.90, "NVMe fill that dropping stops at.")
+    gpu_high_watermark: float = setting(0.90, "GPU-tier fill that starts demotion to DRAM.")
+    gpu_low_watermark: float = setting(0.75, "GPU-tier fill that demotion stops at.")
+    promote_after_reads: int = setting(2, "Reads served from NVMe that bring a block to DRAM.")
+    gpu_promote_after_reads: int = setting(
+        3, "Reads served from DRAM that bring a block to a GPU tier."
+    )
+    max_moves_per_tick: int = setting(64, "Tier moves (demotions, promotions) started per tick.")
+    hot_reads: int = setting(
+        64, "Reads within --hot-window that earn a block an extra replica (0: off)."
+    )
+    hot_window_s: float = duration_field(10.0, "Window of the hot-block read count.")
+    max_replicas: int = setting(3, "Most replicas a hot block gets.")
+    max_copies_per_tick: int = setting(128, "Node-to-node copies started per tick.")
+    copy_timeout_s: float = duration_field(
+        30.0, "A node-to-node copy not finished within this is given up and retried."
+    )
+    node_call_timeout_s: float = duration_field(
+        60.0, "Deadline of the master's calls to nodes (moves, copies, releases)."
+    )
+    stop_grace_s: float = duration_field(
+        2.0, "On SIGTERM, how long in-flight calls get before the master stops."
+    )
+    # TLS (common/tls.py): PEM paths; cert + key serve TLS on gRPC and the framed endpoint.
+    tls_cert: str = setting(
+        "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert.")
+    tls_ca: str = setting(
+        "",
+        "PEM CA that signed the cluster's certificates: peers and clients are verified against it.",
+    )
+    tls_require_client_cert: bool = setting(
+        True, "With --tls-ca: refuse clients without a certificate."
+    )
+    advertise_host: str = setting(
+        "",
+        "Host clients dial the framed endpoint at (sent in Hello; never a wildcard); "
+        "unset: the host they dialed for gRPC.",
+    )
+    max_pending_share: float = setting(
+        0.5,
+        "Share of a node's pool that puts started and not yet ended may hold (and evict "
+        "committed blocks for); a pool holding none takes any one put.",
+    )
 
     @property
     def tls(self) -> TlsConfig:
@@ -72,52 +126,67 @@ class MasterConfig:
             advertised_host(self.host, self.advertise_host)  # refuses a wildcard
         if not 0 <= self.port <= 65535:
             raise InvalidArgumentError(
-                f"port must be 0-65535 (0 picks a free one), got {self.port}"
+                f"--port must be 0-65535 (0 picks a free one), got {self.port}"
             )
-        if not -1 <= self.framed_port <= 65535:
-            raise InvalidArgumentError(
-                f"framed_port must be 0-65535 (0 picks a free one) or -1 (off), "
-                f"got {self.framed_port}"
-            )
+        for name in ("framed_port", "metrics_port"):
+            value = getattr(self, name)
+            if not -1 <= value <= 65535:
+                raise InvalidArgumentError(
+                    f"--{name.replace('_', '-')} must be 0-65535 (0 picks a free one) or -1 "
+                    f"(off), got {value}"
+                )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise InvalidArgumentError(
-                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_interval_s "
-                f"({self.heartbeat_interval_s}), or live nodes would be declared dead"
+                f"--heartbeat-ttl ({self.heartbeat_ttl_s}s) must exceed --heartbeat-interval "
+                f"({self.heartbeat_interval_s}s), or live nodes would be declared dead"
             )
-        for name in ("lease_ttl_s", "put_timeout_s", "heartbeat_interval_s", "tick_interval_s"):
+        for name in ("lease_ttl_s", "put_timeout_s", "heartbeat_interval_s", "tick_interval_s",
+                     "copy_timeout_s", "node_call_timeout_s"):  # fmt: skip
             if getattr(self, name) <= 0:
-                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)}")
+                flag = "--" + name[: -len("_s")].replace("_", "-")
+                raise InvalidArgumentError(f"{flag} must be > 0, got {getattr(self, name)}")
         if self.sync_interval_s < 0:
             raise InvalidArgumentError(
-                f"sync_interval_s must be >= 0 (0: no background fsync), got {self.sync_interval_s}"
+                f"--sync-interval must be >= 0 (0: no background fsync), got {self.sync_interval_s}"
             )
         if self.default_replicas < 1:
             raise InvalidArgumentError(
-                f"default_replicas must be >= 1, got {self.default_replicas}"
+                f"--default-replicas must be >= 1, got {self.default_replicas}"
             )
         a = self.alignment_bytes
         if a < 64 or a & (a - 1):
-            raise InvalidArgumentError(f"alignment_bytes must be a power of two >= 64, got {a}")
+            raise InvalidArgumentError(f"--alignment-bytes must be a power of two >= 64, got {a}")
         if self.eviction_policy not in ("weighted", "lru"):
             raise InvalidArgumentError(
-                f"eviction_policy must be 'weighted' or 'lru', got {self.eviction_policy!r}"
+                f"--eviction-policy must be 'weighted' or 'lru', got {self.eviction_policy!r}"
             )
         if self.eviction_depth_cost < 0 or self.eviction_ghost_entries < 0:
-            raise InvalidArgumentError("eviction_depth_cost and eviction_ghost_entries are >= 0")
-        for tier in ("dram", "nvme"):
+            raise InvalidArgumentError(
+                "--eviction-depth-cost and --eviction-ghost-entries must be >= 0"
+            )
+        for tier in ("dram", "nvme", "gpu"):
             low = getattr(self, f"{tier}_low_watermark")
             high = getattr(self, f"{tier}_high_watermark")
             if not 0 < low <= high <= 1:
                 raise InvalidArgumentError(
-                    f"{tier} watermarks must satisfy 0 < low <= high <= 1, got {low} and {high}"
+                    f"--{tier}-low-watermark and --{tier}-high-watermark must satisfy "
+                    f"0 < low <= high <= 1, got {low} and {high}"
                 )
         if self.hot_reads < 0 or self.max_replicas < 1:
-            raise InvalidArgumentError("hot_reads must be >= 0 (0: off) and max_replicas >= 1")
-        if self.promote_after_reads < 1 or self.max_moves_per_tick < 1:
-            raise InvalidArgumentError("promote_after_reads and max_moves_per_tick must be >= 1")
+            raise InvalidArgumentError("--hot-reads must be >= 0 (0: off), --max-replicas >= 1")
+        if (
+            self.promote_after_reads < 1
+            or self.gpu_promote_after_reads < 1
+            or self.max_moves_per_tick < 1
+            or self.max_copies_per_tick < 1
+        ):
+            raise InvalidArgumentError(
+                "--promote-after-reads, --gpu-promote-after-reads, --max-moves-per-tick and "
+                "--max-copies-per-tick must be >= 1"
+            )
         if not 0 < self.max_pending_share <= 1:
             raise InvalidArgumentError(
-                f"max_pending_share must be in (0, 1], got {self.max_pending_share}"
+                f"--max-pending-share must be in (0, 1], got {self.max_pending_share}"
             )
         if self.max_message_bytes < 4 * 1024 * 1024:
-            raise InvalidArgumentError("max_message_bytes must be at least 4MiB")
+            raise InvalidArgumentError("--max-message-bytes must be at least 4MiB")

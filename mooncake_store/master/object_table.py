@@ -47,6 +47,7 @@ from mooncake_store.master.columns import (
     NO_SEGMENT,
     PROCESSING,
 )
+from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
 from mooncake_store.master.membership import TickResult
 from mooncake_store.master.objects import ObjectMeta, Replica
@@ -60,19 +61,8 @@ MAX_FINGERPRINT_BYTES = 64
 MAX_TAG_BYTES = 256
 
 
-@dataclass(frozen=True, slots=True)
-class TableConfig:
-    lease_ttl_s: float = 5.0
-    put_timeout_s: float = 30.0
-    heartbeat_ttl_s: float = 10.0
-    restore_grace_s: float = 30.0
-    default_replicas: int = 1
-    alignment: int = 4096
-    hot_window_s: float = 10.0
-    hot_reads: int = 0  # reads within a window that make a block hot (0: no hot replicas)
-    # Puts started and not committed may hold at most this share of a segment (and evict
-    # committed blocks only for that much); a segment holding none takes one put of any size.
-    max_pending_share: float = 0.5
+# The table reads its settings from the master's one config object (master/config.py).
+TableConfig = MasterConfig
 
 
 @dataclass(slots=True)
@@ -123,7 +113,7 @@ class ObjectTable(ReplicaRelocation):
             clock=clock,
             heartbeat_ttl_s=config.heartbeat_ttl_s,
             restore_grace_s=config.restore_grace_s,
-            alignment=config.alignment,
+            alignment=config.alignment_bytes,
         )
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._owner_of: dict[str, int] = {}  # PROCESSING key -> the connection that started it

@@ -15,16 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 from mooncake_store.master.segments import Segment, Tier
 
-
-@dataclass(frozen=True, slots=True)
-class ReplicationConfig:
-    max_replicas: int = 3
-    max_copies_per_tick: int = 32
-    copy_timeout_s: float = 30.0
+# Replication reads its settings from the master's one config object (master/config.py).
+ReplicationConfig = MasterConfig
 
 
 @dataclass(slots=True)

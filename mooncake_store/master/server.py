@@ -16,16 +16,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store.common.addresses import join_host_port
+from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
 from mooncake_store.master.mover import NodeMover
-from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
-from mooncake_store.master.replication import Replication, ReplicationConfig
+from mooncake_store.master.replication import Replication
 from mooncake_store.master.service import MasterServicer, add_to_server
-from mooncake_store.master.tiering import TierConfig, Tiering
+from mooncake_store.master.tiering import Tiering
 
 log = logging.getLogger("mooncake.master")
 
@@ -57,6 +58,26 @@ def map_large_allocations() -> bool:
     return bool(mallopt(m_mmap_threshold, 1 << 20))
 
 
+def open_metadata(data_dir: Path, config: MasterConfig) -> MetadataStore:
+    """Open the RocksDB metadata under `data_dir`; a locked or unusable one is a StartupError."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return MetadataStore(
+            data_dir / "rocksdb", sync=config.sync_commits, sync_interval_s=config.sync_interval_s
+        )
+    except Exception as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            raise StartupError(
+                f"data dir {data_dir} is in use by another master (RocksDB's LOCK is held): "
+                "stop that master or pass another --data-dir"
+            ) from exc
+        raise StartupError(
+            f"cannot open the metadata in {data_dir}: {text.splitlines()[0] if text else exc!r}; "
+            "check the directory's permissions and free space, or pass another --data-dir"
+        ) from exc
+
+
 def freeze_long_lived() -> None:
     """Collect the young generations, then exempt every survivor from future collections."""
     gc.collect(1)
@@ -75,47 +96,17 @@ class MasterServer:
 
     def __init__(self, config: MasterConfig) -> None:
         self.config = config
-        self.table = ObjectTable(
-            TableConfig(
-                lease_ttl_s=config.lease_ttl_s,
-                put_timeout_s=config.put_timeout_s,
-                heartbeat_ttl_s=config.heartbeat_ttl_s,
-                restore_grace_s=config.restore_grace_s,
-                default_replicas=config.default_replicas,
-                alignment=config.alignment_bytes,
-                hot_window_s=config.hot_window_s,
-                hot_reads=config.hot_reads,
-                max_pending_share=config.max_pending_share,
-            ),
-            clock=time.monotonic,
-            policy=make_policy(
-                config.eviction_policy,
-                **(
-                    {"depth_cost": config.eviction_depth_cost,
-                     "ghost_entries": config.eviction_ghost_entries}
-                    if config.eviction_policy == "weighted" else {}
-                ),
-            ),
-        )  # fmt: skip
-        self.tiering = Tiering(
-            self.table,
-            TierConfig(
-                dram_high_watermark=config.dram_high_watermark,
-                dram_low_watermark=config.dram_low_watermark,
-                nvme_high_watermark=config.nvme_high_watermark,
-                nvme_low_watermark=config.nvme_low_watermark,
-                promote_after_reads=config.promote_after_reads,
-                max_moves_per_tick=config.max_moves_per_tick,
-            ),
+        self.table = ObjectTable(config, clock=time.monotonic, policy=make_policy(
+            config.eviction_policy,
+            **({"depth_cost": config.eviction_depth_cost,
+                "ghost_entries": config.eviction_ghost_entries}
+               if config.eviction_policy == "weighted" else {}),
+        ))  # fmt: skip
+        self.tiering = Tiering(self.table, config)
+        self.replication = Replication(self.table, config, clock=time.monotonic)
+        self.mover = NodeMover(
+            self.table, self.tiering, timeout_s=config.node_call_timeout_s, tls=config.tls
         )
-        self.replication = Replication(
-            self.table,
-            ReplicationConfig(
-                max_replicas=config.max_replicas, max_copies_per_tick=config.max_copies_per_tick
-            ),
-            clock=time.monotonic,
-        )
-        self.mover = NodeMover(self.table, self.tiering, tls=config.tls)
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
         self._servicer: MasterServicer | None = None
@@ -133,11 +124,7 @@ class MasterServer:
         if self.port is not None:
             return self.port
         data_dir = Path(self.config.data_dir)
-        self._store = MetadataStore(
-            data_dir / "rocksdb",
-            sync=self.config.sync_commits,
-            sync_interval_s=self.config.sync_interval_s,
-        )
+        self._store = open_metadata(data_dir, self.config)
         restored = self.table.restore(self._store.load())
         freeze_long_lived()
         self._store.start()
@@ -270,4 +257,4 @@ async def serve(config: MasterConfig) -> None:
         log.info("framed control endpoint on %s:%d", config.host, server.framed_port)
     await stop.wait()
     log.info("shutting down")
-    await server.stop()
+    await server.stop(config.stop_grace_s)

@@ -21,22 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.segments import Segment, Tier
 
-
-@dataclass(frozen=True, slots=True)
-class TierConfig:
-    dram_high_watermark: float = 0.90
-    dram_low_watermark: float = 0.75
-    nvme_high_watermark: float = 0.95
-    nvme_low_watermark: float = 0.90
-    promote_after_reads: int = 2
-    max_moves_per_tick: int = 64
-    gpu_high_watermark: float = 0.90
-    gpu_low_watermark: float = 0.75
-    gpu_promote_after_reads: int = 3
+# Tiering reads its settings from the master's one config object (master/config.py).
+TierConfig = MasterConfig
 
 
 @dataclass(slots=True)

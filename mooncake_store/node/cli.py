@@ -1,35 +1,24 @@
-"""`mooncake-store`: the store node daemon."""
+"""`mooncake-store`: the store node daemon.
+
+Its flags are generated from `NodeConfig` (one option per setting, with help and default).
+"""
 
 from __future__ import annotations
 
 import click
 
-from mooncake_store.common.daemon import run_daemon, tls_options
+from mooncake_store.common.config import config_options
+from mooncake_store.common.daemon import OneLineErrors, log_level_option, run_daemon, tls_options
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.server import serve
 
+ENV_PREFIX = "MOONCAKE_NODE_"
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--master", default=None, help="Master address host:port [127.0.0.1:50051].")
-@click.option("--host", default=None, help="Address to bind [127.0.0.1].")
-@click.option(
-    "--advertise-host", default=None,
-    help="Address clients and other nodes dial this node at [--host; required with 0.0.0.0].",
-)  # fmt: skip
-@click.option("--port", type=int, default=None, help="TCP data port; 0 picks a free one [0].")
-@click.option(
-    "--control-port", type=int, default=None,
-    help="gRPC port of the health and control services [0].",
-)  # fmt: skip
-@click.option("--dram", "dram_bytes", default=None, help="DRAM pool size, e.g. 1GiB [1GiB].")
-@click.option("--nvme-dir", default=None, help="Directory of the NVMe tier (off when unset).")
-@click.option("--nvme", "nvme_bytes", default=None, help="NVMe tier size, e.g. 64GiB.")
-@click.option("--io-threads", type=int, default=None, help="NVMe I/O queue depth [2].")
-@click.option(
-    "--gpu-bytes", default=None,
-    help="GPU tier size (needs a CUDA GPU and the [gpu] extra) [0: off].",
-)  # fmt: skip
-@click.option("--node-id", default=None, help="Stable node name [hostname:port].")
+
+@click.command(
+    "mooncake-store", cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@config_options(NodeConfig, ENV_PREFIX)
 @click.option(
     "--shm-group", default=None,
     help="Group (name or gid) whose members, besides this uid, may map the pool [none].",
@@ -39,17 +28,18 @@ from mooncake_store.node.server import serve
     "config_file",
     default=None,
     type=click.Path(dir_okay=False),
-    help="TOML file of settings (overridden by MOONCAKE_NODE_* env and flags).",
+    help="TOML file of settings, named as the flags (overridden by MOONCAKE_NODE_* env and "
+    "flags). [default: none]",
 )
 @tls_options
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option()
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run a mooncake-store node: a shared-memory DRAM pool served to clients."""
     run_daemon(
         "mooncake-store",
         NodeConfig,
         serve,
-        env_prefix="MOONCAKE_NODE_",
+        env_prefix=ENV_PREFIX,
         config_file=config_file,
         flags=flags,
         log_level=log_level,

@@ -1,4 +1,8 @@
-"""Settings of the store node daemon (`mooncake-store`)."""
+"""Settings of the store node daemon (`mooncake-store`): the one config object, passed down whole.
+
+Every field is a setting with one name as flag, TOML key and env variable (see
+`common/config.py`): `--dram`, `dram = "4GiB"`, `MOONCAKE_NODE_DRAM=4GiB`.
+"""
 
 from __future__ import annotations
 
@@ -6,36 +10,54 @@ import grp
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
-from mooncake_store.common.config import duration_field, size_field
+from mooncake_store.common.config import duration_field, setting, size_field
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.tls import TlsConfig
 
 
 @dataclass(frozen=True)
 class NodeConfig:
-    master: str = "127.0.0.1:50051"
-    host: str = "127.0.0.1"
-    port: int = 0
-    control_port: int = 0
-    dram_bytes: int = size_field(1024**3)
-    nvme_dir: str = ""
-    nvme_bytes: int = size_field(0)
-    io_threads: int = 2
-    gpu_bytes: int = size_field(0)
-    node_id: str = ""
-    mount_timeout_s: float = duration_field(5.0)
-    # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and the control
-    # service, and every connection the node opens (master, other nodes) verifies against ca.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    tls_require_client_cert: bool = True
-    # Same-host clients of this uid get the DRAM pool over shared memory; a group (name or gid)
-    # lets its members in too.  Everyone else uses TCP.
-    shm_group: str = ""
-    # The host put in this node's endpoints (clients and other nodes dial it); default: `host`,
-    # which must then not be a wildcard (0.0.0.0, ::).
-    advertise_host: str = ""
+    master: str = setting("127.0.0.1:50051", "Master address host:port.")
+    host: str = setting("127.0.0.1", "Address to bind.")
+    advertise_host: str = setting(
+        "",
+        "Address clients and other nodes dial this node at (default: --host; required with "
+        "0.0.0.0).",
+    )
+    port: int = setting(0, "TCP data port; 0 picks a free one.")
+    control_port: int = setting(
+        0, "gRPC port of the health and control services; 0 picks a free one."
+    )
+    metrics_port: int = setting(
+        0,
+        "Port of the Prometheus /metrics endpoint; 0 picks a free one (printed at start), -1: off.",
+    )
+    dram_bytes: int = size_field(
+        1024**3, "DRAM pool, pre-faulted at start (at most the memory available).", flag="dram"
+    )
+    nvme_dir: str = setting("", "Directory of the NVMe tier (off when unset).")
+    nvme_bytes: int = size_field(0, "NVMe tier size, e.g. 64GiB (needs --nvme-dir).", flag="nvme")
+    io_threads: int = setting(2, "NVMe I/O queue depth (more on real NVMe).")
+    gpu_bytes: int = size_field(0, "GPU tier size (needs a CUDA GPU and the [gpu] extra); 0: off.")
+    node_id: str = setting("", "Stable node name (default hostname:port); a restart keeps it.")
+    mount_timeout_s: float = duration_field(
+        5.0, "How long the first mount waits for the master before retrying in the background."
+    )
+    # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and control service.
+    tls_cert: str = setting(
+        "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert.")
+    tls_ca: str = setting(
+        "",
+        "PEM CA that signed the cluster's certificates: peers and clients are verified against it.",
+    )
+    tls_require_client_cert: bool = setting(
+        True, "With --tls-ca: refuse clients without a certificate."
+    )
+    shm_group: str = setting(
+        "", "Group (name or gid) whose members, besides this uid, may map the pool (unset: none)."
+    )
 
     @property
     def tls(self) -> TlsConfig:
@@ -68,20 +90,27 @@ class NodeConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise InvalidArgumentError(
-                    f"{name} must be 0-65535 (0 picks a free one), got {value}"
+                    f"--{name.replace('_', '-')} must be 0-65535 (0 picks a free one), got {value}"
                 )
+        if not -1 <= self.metrics_port <= 65535:
+            raise InvalidArgumentError(
+                f"--metrics-port must be 0-65535 (0 picks a free one) or -1 (off), "
+                f"got {self.metrics_port}"
+            )
         if self.dram_bytes < 1024 * 1024:
             raise InvalidArgumentError(
-                f"dram_bytes must be at least 1MiB, got {self.dram_bytes}: pass e.g. --dram 1GiB"
+                f"--dram must be at least 1MiB, got {self.dram_bytes} bytes: pass e.g. --dram 1GiB"
             )
         if self.nvme_bytes and not self.nvme_dir:
-            raise InvalidArgumentError("nvme_bytes needs nvme_dir: pass --nvme-dir DIR")
+            raise InvalidArgumentError("--nvme needs --nvme-dir: pass --nvme-dir DIR")
         if self.nvme_dir and self.nvme_bytes < 1024 * 1024:
             raise InvalidArgumentError(
-                f"nvme_bytes must be at least 1MiB with an NVMe tier, got {self.nvme_bytes}: "
+                f"--nvme must be at least 1MiB with an NVMe tier, got {self.nvme_bytes} bytes: "
                 "pass e.g. --nvme 64GiB"
             )
         if self.io_threads < 1:
-            raise InvalidArgumentError(f"io_threads must be >= 1, got {self.io_threads}")
+            raise InvalidArgumentError(f"--io-threads must be >= 1, got {self.io_threads}")
+        if self.mount_timeout_s <= 0:
+            raise InvalidArgumentError(f"--mount-timeout must be > 0, got {self.mount_timeout_s}")
         if ":" not in self.master:
-            raise InvalidArgumentError(f"master must be host:port, got {self.master!r}")
+            raise InvalidArgumentError(f"--master must be host:port, got {self.master!r}")

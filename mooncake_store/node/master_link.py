@@ -47,14 +47,14 @@ class MasterLink:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.interval_s = 1.0
         self.mounted = threading.Event()
+        self.refusal = ""  # the master's reason when it refused the last mount
         self.heartbeats = 0
 
     def mount(self, timeout_s: float) -> bool:
         """Mount the node's segments; False (and a log line) when the master is unreachable."""
         try:
-            reply = self._stub.MountSegment(
-                self._build_mount(), timeout=timeout_s, wait_for_ready=True
-            )
+            request = self._build_mount()
+            reply = self._stub.MountSegment(request, timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s: %s", self.master, exc.code().name,
                         exc.details())  # fmt: skip
@@ -62,9 +62,14 @@ class MasterLink:
             return False
         if reply.status.code != OK:
             log.error("master %s refused the mount: %s", self.master, reply.status.message)
+            self.refusal = reply.status.message
             return False
+        self.refusal = ""
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
+        if not self.mounted.is_set():
+            log.info("mounted on master %s as %s (%d segments)", self.master, self.node_id,
+                     len(request.segments))  # fmt: skip
         self.mounted.set()
         return True
 

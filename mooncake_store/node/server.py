@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.addresses import join_host_port
+from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.units import format_size
@@ -23,6 +24,7 @@ from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.master_link import MasterLink
+from mooncake_store.node.memory import available_memory_bytes, memory_problem, progress_logger
 from mooncake_store.node.nvme import NvmeTier
 from mooncake_store.node.pool import SharedPool
 from mooncake_store.node.shm_server import ShmServer
@@ -69,7 +71,13 @@ class StoreNode:
         cfg = self.config
         loop = asyncio.get_running_loop()
         # Pre-faulting a large pool and verifying NVMe blocks take a while: off the loop.
-        self.pool = await loop.run_in_executor(None, SharedPool, cfg.dram_bytes)
+        problem = memory_problem(cfg.dram_bytes, available_memory_bytes())
+        if problem:
+            raise StartupError(problem)
+        progress = progress_logger("DRAM pool", cfg.dram_bytes)
+        self.pool = await loop.run_in_executor(
+            None, lambda: SharedPool(cfg.dram_bytes, progress=progress)
+        )
         self.access = DataAccess(self.secret, self._io)
         self.access.dram[self.segment_id] = self.pool.view
         inventory_note = ""
@@ -121,6 +129,10 @@ class StoreNode:
 
         self._link = MasterLink(cfg.master, self._mount_request, tls=tls)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
+            refusal = self._link.refusal
+            if refusal:
+                await self.stop(unmount=False)
+                raise StartupError(f"master {cfg.master} refused the mount: {refusal}")
             log.warning("master %s unreachable; will keep trying to mount", cfg.master)
         self._link.start()
         self._tracker = loop.create_task(self._track_mount())
@@ -174,6 +186,15 @@ class StoreNode:
                 serving = now
             await asyncio.sleep(0.2)
 
+    async def wait_mounted(self) -> None:
+        """Return once the node is mounted on the master (the link keeps retrying until then)."""
+        warned = False
+        while self._link is not None and not self._link.mounted.is_set():
+            if not warned:
+                log.warning("not serving yet: waiting to mount on master %s", self.config.master)
+                warned = True
+            await asyncio.sleep(0.05)
+
     async def stop(self, *, unmount: bool = True) -> None:
         """Unmount from the master, stop serving, release the tiers (idempotent)."""
         loop = asyncio.get_running_loop()
@@ -214,6 +235,7 @@ async def serve(config: NodeConfig) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await node.wait_mounted()
     print(
         f"mooncake-store node {node.node_id} serving {node.description}, master {config.master}",
         flush=True,

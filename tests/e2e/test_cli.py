@@ -60,7 +60,7 @@ def test_daemons_start_serve_and_stop_on_sigterm(tmp_path):
     try:
         assert health(address) == "SERVING"
         assert health(address, "mooncake_store.v1.MasterService") == "SERVING"
-        env = {**os.environ, "MOONCAKE_NODE_DRAM_BYTES": "8MiB"}  # env config is honoured
+        env = {**os.environ, "MOONCAKE_NODE_DRAM": "8MiB"}  # env config is honoured
         node = subprocess.Popen(
             [script("mooncake-store"), "--master", address, "--node-id", "cli-node"],
             stdout=subprocess.PIPE,

@@ -1,5 +1,7 @@
 """Units and the config loader: defaults < file < env < flags, with actionable errors."""
 
+import dataclasses
+
 import pytest
 
 from mooncake_store.common.config import load_config
@@ -81,7 +83,7 @@ def test_unknown_setting_and_bad_values(tmp_path):
         )
     with pytest.raises(InvalidArgumentError, match="at least 1MiB"):
         NodeConfig(dram_bytes=10)
-    with pytest.raises(InvalidArgumentError, match="must exceed heartbeat_interval_s"):
+    with pytest.raises(InvalidArgumentError, match=r"--heartbeat-ttl \S+ must exceed"):
         MasterConfig(heartbeat_interval_s=5, heartbeat_ttl_s=2)
     with pytest.raises(InvalidArgumentError, match="host:port"):
         NodeConfig(master="localhost")
@@ -92,7 +94,7 @@ def test_framed_port_and_sync_commits_settings():
     assert MasterConfig().sync_interval_s == 0.1  # the default window mode
     assert MasterConfig(framed_port=-1).framed_port == -1  # gRPC only
     for bad in (-2, 65536):
-        with pytest.raises(InvalidArgumentError, match="framed_port must be 0-65535"):
+        with pytest.raises(InvalidArgumentError, match="--framed-port must be 0-65535"):
             MasterConfig(framed_port=bad)
     on = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "true"})
     assert on.sync_commits is True
@@ -102,3 +104,81 @@ def test_framed_port_and_sync_commits_settings():
         MasterConfig(sync_interval_s=-1)
     with pytest.raises(InvalidArgumentError, match="M_SYNC_COMMITS"):
         load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "sometimes"})
+
+
+def test_one_name_per_setting_in_flags_file_and_env(tmp_path, caplog):
+    """`--dram`, `dram = ...` and MOONCAKE_NODE_DRAM are the same setting; old names warn."""
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('dram = "64MiB"\nnvme-dir = "/x"\nnvme = "2MiB"\nmount_timeout = "2s"\n')
+    config = load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", config_file=cfg, environ={})
+    assert (config.dram_bytes, config.nvme_bytes, config.mount_timeout_s) == (64 << 20, 2 << 20, 2)
+    env = {"MOONCAKE_NODE_DRAM": "32MiB"}
+    assert load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", environ=env).dram_bytes == 32 << 20
+    # The field names of before still work, with a deprecation warning naming the new one.
+    cfg.write_text('dram_bytes = "16MiB"\n')
+    with caplog.at_level("WARNING", logger="mooncake.config"):
+        old = load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", config_file=cfg, environ={})
+        assert old.dram_bytes == 16 << 20
+        env = {"MOONCAKE_NODE_DRAM_BYTES": "8MiB"}
+        assert load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", environ=env).dram_bytes == (
+            8 << 20
+        )
+    assert "'dram_bytes' is deprecated, write 'dram'" in caplog.text
+    assert "$MOONCAKE_NODE_DRAM_BYTES is deprecated, set $MOONCAKE_NODE_DRAM" in caplog.text
+
+
+def test_bad_values_name_the_real_flag(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="bad value for --dram:"):
+        load_config(NodeConfig, env_prefix="N_", overrides={"dram_bytes": "lots"}, environ={})
+    with pytest.raises(InvalidArgumentError, match="bad value for --lease-ttl:"):
+        load_config(MasterConfig, env_prefix="M_", overrides={"lease_ttl_s": "x"}, environ={})
+    with pytest.raises(InvalidArgumentError, match=r"--dram must be at least 1MiB"):
+        NodeConfig(dram_bytes=10)
+    cfg = tmp_path / "m.toml"
+    cfg.write_text("lease_tl = 1\n")
+    with pytest.raises(InvalidArgumentError, match="did you mean 'lease_ttl'"):
+        load_config(MasterConfig, env_prefix="M_", config_file=cfg, environ={})
+
+
+def test_misspelt_mooncake_variables_are_warned_about(caplog):
+    env = {
+        "MOONCAKE_NODE_DRAMM": "1GiB",  # typo of a node setting
+        "MOONCAKE_NODES_DRAM": "1GiB",  # typo of the prefix
+        "MOONCAKE_MASTER_PORT": "1",  # the other daemon's: not ours to judge
+        "MOONCAKE_EVENT_LOOP": "asyncio",  # read elsewhere
+        "MOONCAKE_NODE_DRAM": "8MiB",
+    }
+    with caplog.at_level("WARNING", logger="mooncake.config"):
+        load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", environ=env)
+    assert "MOONCAKE_NODE_DRAMM (did you mean MOONCAKE_NODE_DRAM?)" in caplog.text
+    assert "unknown environment variable MOONCAKE_NODES_DRAM" in caplog.text
+    assert "MOONCAKE_MASTER_PORT" not in caplog.text and "EVENT_LOOP" not in caplog.text
+
+
+@pytest.mark.parametrize("cls", [MasterConfig, NodeConfig])
+def test_every_setting_has_help_and_a_flag(cls):
+    import click
+
+    from mooncake_store.common.config import config_options, flag_name
+
+    @click.command()
+    @config_options(cls, "X_")
+    def cmd(**flags):
+        pass
+
+    opts = {p.name: p for p in cmd.params}
+    for field in dataclasses.fields(cls):
+        assert field.metadata.get("help"), f"{field.name} has no help text"
+        option = opts[field.name]
+        assert flag_name(field) in option.opts or flag_name(field) in option.secondary_opts
+        assert "[default: " in option.help
+
+
+def test_gpu_watermarks_and_copy_timeout_are_settable():
+    env = {"M_GPU_HIGH_WATERMARK": "0.8", "M_GPU_LOW_WATERMARK": "0.5", "M_COPY_TIMEOUT": "7s"}
+    config = load_config(MasterConfig, env_prefix="M_", environ=env)
+    assert (config.gpu_high_watermark, config.gpu_low_watermark, config.copy_timeout_s) == (
+        0.8, 0.5, 7.0,
+    )  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="--gpu-low-watermark"):
+        MasterConfig(gpu_low_watermark=0.95)

@@ -182,9 +182,9 @@ def test_watermark_config_is_validated():
     from mooncake_store.common.errors import InvalidArgumentError
     from mooncake_store.master.config import MasterConfig
 
-    with pytest.raises(InvalidArgumentError, match="watermarks"):
+    with pytest.raises(InvalidArgumentError, match="watermark"):
         MasterConfig(dram_low_watermark=0.95, dram_high_watermark=0.9)
-    with pytest.raises(InvalidArgumentError, match="eviction_policy"):
+    with pytest.raises(InvalidArgumentError, match="--eviction-policy"):
         MasterConfig(eviction_policy="fifo")
 
 

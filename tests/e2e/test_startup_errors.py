@@ -1,0 +1,72 @@
+"""Every daemon start-up failure exits non-zero with ONE line that names the cause and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [x for x in result.stderr.splitlines() if x.strip() and " WARNING " not in x]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,code,words",
+    [
+        (["mooncake-master", "--log-level", "verbose"], 2, ["--log-level", "'verbose'", "debug"]),
+        (["mooncake-store", "--log-level", "verbose"], 2, ["--log-level", "info"]),
+        (["mooncake-store", "--dram", "12XB"], 2, ["--dram", "like 512MiB"]),
+        (["mooncake-store", "--dram", "1000TiB"], 1, ["--dram", "memory available", "smaller"]),
+        (["mooncake-master", "--lease-ttl", "soon"], 2, ["--lease-ttl", "30s"]),
+        (["mooncake-master", "--port", "x"], 2, ["--port", "integer"]),
+        (["mooncake-cluster", "--nodes", "0"], 2, ["--nodes", "x>=1"]),
+        (["mooncake-cluster", "--nodes", "4", "--dram", "1000TiB"], 2, ["fewer --nodes"]),
+    ],
+)
+def test_bad_start_is_one_line(args, code, words, tmp_path):
+    result = run(*args, cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    line = one_line(result)
+    assert line.startswith(f"{args[0]}: error: ")
+    for word in words:
+        assert word in line, line
+
+
+def test_locked_data_dir_is_one_line(tmp_path):
+    first = subprocess.Popen(
+        [str(BIN / "mooncake-master"), "--port", "0", "--data-dir", str(tmp_path / "d")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert first.stdout is not None and "listening" in first.stdout.readline()
+        result = run("mooncake-master", "--port", "0", "--data-dir", str(tmp_path / "d"),
+                     cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 1
+        line = one_line(result)
+        assert "in use by another master" in line and "--data-dir" in line
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_cluster_names_the_daemon_that_failed_and_why(tmp_path):
+    # A node that refuses its flags: the cluster reports that node's own error line, at once.
+    result = run("mooncake-cluster", "--exit", "--data-dir", str(tmp_path / "c"), "--dram",
+                 "16MiB", "--nvme", "1KiB", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    line = one_line(result)
+    assert "node-0 exited with code 2 at start" in line
+    assert "--nvme must be at least 1MiB" in line and "node-0.log" in line
