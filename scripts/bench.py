@@ -10,7 +10,7 @@ measures, one client thread:
   tcp        raw loopback TCP to another process, recv_into a warm buffer (upper bound, TCP)
   ours-shm-batchN / ours-tcp-batchN   put_many / get_many_into of N keys per call (opt-in)
 Each case writes --total-mib of distinct keys (capped at --max-seconds), reads them all back,
-then removes them.  Like the peers' harness (../shared/peers), each client thread puts from one
+then removes them.  Like the peers' harness (scripts/peers), each client thread puts from one
 pre-faulted source buffer and gets into one destination buffer (an engine's KV buffers are
 reused the same way), while the store side moves through fresh extents; every value carries its
 index in its first 8 bytes, checked on every get.  memcpy copies one buffer to and from slots

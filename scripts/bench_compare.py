@@ -14,7 +14,7 @@ and, when asked for (not by default):
                  (commits reach RocksDB's log but are not fsync'd: what a put costs without the
                  durable commit that Mooncake's in-memory master never makes)
 Ours are measured here (one Client per thread); the peers run through the peer harness in
-`../shared/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
+`scripts/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
 that is not installed is skipped, and the script says so.  Prints a table with our/peer ratios,
 writes JSON records and, with matplotlib installed (`pip install '.[bench]'`), a PNG plot.
 
@@ -57,7 +57,7 @@ NOSYNC = ["ours-shm-nosync", "ours-tcp-nosync"]  # opt-in
 KNOWN = ALL + NOSYNC
 PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
          "redis": ("redis", None)}  # fmt: skip
-HARNESS = ROOT.parent / "shared" / "peers" / "bench_peers.py"
+HARNESS = ROOT / "scripts" / "peers" / "bench_peers.py"  # see scripts/peers/README.md
 PEERS_PY = ROOT / ".peers-venv" / "bin" / "python"
 
 

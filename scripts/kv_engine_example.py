@@ -30,7 +30,7 @@ from mooncake_store.cluster import LocalCluster  # noqa: E402
 from mooncake_store.kv import HASHERS, EngineIdentity, KVCache, KVLayout  # noqa: E402
 
 TRACE_BLOCK_TOKENS = 512
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl"
+DEFAULT_TRACE = ROOT / "data" / "traces" / "synthetic_trace.jsonl"  # see data/traces/README.md
 
 
 def request_tokens(request: dict, index: int) -> np.ndarray:

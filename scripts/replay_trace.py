@@ -45,6 +45,25 @@ from mooncake_store.master.eviction import (  # noqa: E402
     make_policy,
 )
 
+DEFAULT_TRACE = ROOT / "data" / "traces" / "synthetic_trace.jsonl"
+
+
+class Progress:
+    """A progress line on stderr at most every `every_s` (a full replay takes over a minute)."""
+
+    def __init__(self, what: str, total: int, every_s: float = 5.0) -> None:
+        self.what, self.total, self.every_s = what, total, every_s
+        self.started = self.last = time.monotonic()
+
+    def update(self, done: int, stats: dict) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        rate = stats["hits"] / max(stats["blocks"], 1)
+        print(f"{self.what}: {done}/{self.total} requests, hit rate so far {rate:.3f}, "
+              f"{now - self.started:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+
 
 def load_trace(path: str, limit: int | None) -> list[list[int]]:
     requests = []
@@ -171,7 +190,9 @@ def replay_store(requests: list[list[int]], capacity: int, *, policy: str, block
                       node_args=node_args) as cluster:  # fmt: skip
         with Client(cluster.master_address) as store:
             buffers = [np.empty(block_bytes, dtype=np.uint8) for _ in range(512)]
-            for ids in requests:
+            progress = Progress(f"replay at {capacity} blocks ({policy})", len(requests))
+            for done, ids in enumerate(requests):
+                progress.update(done, stats)
                 keys = [key_of(h) for h in ids]
                 while len(buffers) < len(keys):
                     buffers.append(np.empty(block_bytes, dtype=np.uint8))
@@ -209,7 +230,10 @@ def replay_store(requests: list[list[int]], capacity: int, *, policy: str, block
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("trace")
+    parser.add_argument(
+        "trace", nargs="?", default=str(DEFAULT_TRACE),
+        help="Mooncake-format JSONL trace (default: data/traces/synthetic_trace.jsonl)",
+    )  # fmt: skip
     parser.add_argument(
         "--capacity-blocks",
         required=True,

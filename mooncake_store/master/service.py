@@ -29,6 +29,7 @@ from mooncake_store.common.errors import (
     SegmentNotFoundError,
 )
 from mooncake_store.common.grant import GrantMode, sign
+from mooncake_store.common.version import __version__
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.object_table import ObjectTable
@@ -96,8 +97,6 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
-        from mooncake_store import __version__
-
         return pb.HelloResponse(
             framed_port=self.framed_port,
             framed_socket=self.framed_socket,

@@ -144,3 +144,14 @@ def test_bad_client_options():
         Client("127.0.0.1:1", replicas=0)
     with pytest.raises(ValueError, match="timeout_s"):
         Client("127.0.0.1:1", timeout_s=0)
+
+
+def test_get_many_with_a_missing_key_raises_for_the_batch(store):
+    """As the README says: one missing key fails the whole get_many with ObjectNotFoundError
+    naming it (nothing is returned for the others); exists_many first, or get() per key, when
+    some may be missing."""
+    store.put_many({"gm/a": b"1", "gm/b": b"2"})
+    with pytest.raises(ObjectNotFoundError, match="gm/missing"):
+        store.get_many(["gm/a", "gm/missing", "gm/b"])
+    assert store.exists_many(["gm/a", "gm/missing"]) == [True, False]
+    assert store.get_many(["gm/a", "gm/b"]) == [b"1", b"2"]

@@ -182,3 +182,18 @@ def test_gpu_watermarks_and_copy_timeout_are_settable():
     )  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="--gpu-low-watermark"):
         MasterConfig(gpu_low_watermark=0.95)
+
+
+@pytest.mark.parametrize("cls", [MasterConfig, NodeConfig])
+def test_every_flag_is_in_the_readme(cls):
+    from pathlib import Path
+
+    from mooncake_store.common.config import flag_name
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [
+        flag_name(f)
+        for f in dataclasses.fields(cls)
+        if f"`{flag_name(f)}`" not in readme and f"`--no-{flag_name(f)[2:]}`" not in readme
+    ]
+    assert not missing, f"README.md does not document {missing}"
