@@ -98,9 +98,9 @@ def test_framed_port_and_sync_commits_settings():
             MasterConfig(framed_port=bad)
     on = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "true"})
     assert on.sync_commits is True
-    window = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_INTERVAL_S": "250ms"})
+    window = load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_INTERVAL": "250ms"})
     assert window.sync_interval_s == 0.25
-    with pytest.raises(InvalidArgumentError, match="sync_interval_s must be >= 0"):
+    with pytest.raises(InvalidArgumentError, match="--sync-interval must be >= 0"):
         MasterConfig(sync_interval_s=-1)
     with pytest.raises(InvalidArgumentError, match="M_SYNC_COMMITS"):
         load_config(MasterConfig, env_prefix="M_", environ={"M_SYNC_COMMITS": "sometimes"})
