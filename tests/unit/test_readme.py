@@ -1,4 +1,4 @@
-"""The README says what the code does: the error list, the KV example's block size, repo-local data."""
+"""The README says what the code does: error list, KV block size, data kept in the repo."""
 
 from __future__ import annotations
 
