@@ -11,22 +11,30 @@ with no staging copy) and scatter it back; ranged reads and get sessions live in
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from mooncake_store.client.sync_client import Client
-from mooncake_store.client.types import ObjectInfo, PutResult
+from mooncake_store.client.types import ObjectInfo
 from mooncake_store.common.errors import InvalidArgumentError, MooncakeError
 from mooncake_store.common.units import parse_size
 from mooncake_store.compat import codes
 from mooncake_store.compat.buffers import Buffers, DeviceBuffer
-from mooncake_store.compat.ranges import Sessions
+from mooncake_store.compat.calls import (
+    fail_code,
+    fail_codes,
+    fail_empty,
+    fail_none,
+    mooncake_call,
+    outcome,
+    same_length,
+)
+from mooncake_store.compat.ranges import RangeMethods, Sessions
 from mooncake_store.compat.segment import ContributedSegment
 from mooncake_store.compat.types import (
     BufferHandle,
@@ -41,8 +49,6 @@ from mooncake_store.compat.types import (
 
 log = logging.getLogger("mooncake.compat")
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 DEFAULT_SEGMENT_BYTES = 16 << 20  # Mooncake's setup() defaults
 DEFAULT_LOCAL_BUFFER_BYTES = 16 << 20
 DEFAULT_MASTER = "127.0.0.1:50051"
@@ -53,54 +59,7 @@ _IGNORED_SETUP_OPTIONS = (
 )  # fmt: skip
 
 
-def _mooncake_call(default: Callable[[MooncakeDistributedStore, tuple[Any, ...]], Any]) -> Any:
-    """Run the method with Mooncake's conventions: before setup, or on an exception, return
-    what `default(self, args)` builds from the error code (-600 before setup)."""
-
-    def wrap(method: F) -> F:
-        @functools.wraps(method)
-        def call(self: MooncakeDistributedStore, *args: Any, **kwargs: Any) -> Any:
-            if self._client is None:
-                self._code = codes.INVALID_PARAMS
-                return default(self, args)
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as exc:  # Mooncake's API reports failures as codes
-                self._code = codes.code_of(exc)
-                log.debug("%s failed: %s", method.__name__, exc)
-                return default(self, args)
-
-        return call  # type: ignore[return-value]
-
-    return wrap
-
-
-def _code(self: MooncakeDistributedStore, args: tuple[Any, ...]) -> int:
-    return self._code
-
-
-def _codes(self: MooncakeDistributedStore, args: tuple[Any, ...]) -> list[int]:
-    return [self._code] * (len(args[0]) if args else 0)
-
-
-def _empty(self: MooncakeDistributedStore, args: tuple[Any, ...]) -> bytes:
-    return b""
-
-
-def _none(self: MooncakeDistributedStore, args: tuple[Any, ...]) -> None:
-    return None
-
-
-def _outcome(result: PutResult | MooncakeError | int | None) -> int:
-    """0 / bytes read for a success, the Mooncake code for a failure."""
-    if isinstance(result, MooncakeError):
-        return codes.code_of(result)
-    if isinstance(result, int):
-        return result
-    return codes.OK
-
-
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(RangeMethods):
     """Mooncake Store's client API (see the module docstring and docs/ENGINES.md)."""
 
     def __init__(self) -> None:
@@ -109,7 +68,6 @@ class MooncakeDistributedStore:
         self._buffers = Buffers()
         self._sessions: Sessions | None = None
         self._hostname = ""
-        self._code = codes.OK
         self._lock = threading.Lock()
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -246,7 +204,7 @@ class MooncakeDistributedStore:
         """The data endpoint of this client's store node, or the local_hostname given."""
         return self._segment.endpoint if self._segment is not None else self._hostname
 
-    @_mooncake_call(lambda self, args: 2 if self._client is not None else 1)
+    @mooncake_call(lambda args, code: 1 if code == codes.INVALID_PARAMS else 2)
     def health_check(self) -> int:
         """0: healthy; 1: not set up; 2: the master does not answer."""
         assert self._client is not None
@@ -261,40 +219,40 @@ class MooncakeDistributedStore:
 
     # ---- buffers ----------------------------------------------------------------------------
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         self._buffers.register(buffer_ptr, size)
         return codes.OK
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def unregister_buffer(self, buffer_ptr: int) -> int:
         return codes.OK if self._buffers.unregister(buffer_ptr) else codes.INVALID_PARAMS
 
     # ---- puts -------------------------------------------------------------------------------
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         return self._put_each([(key, value)], config)[0]
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         return self._put_each([(key, list(parts))], config, parts=True)[0]
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def put_batch(
         self, keys: Sequence[str], values: Sequence[Any], config: ReplicateConfig | None = None
     ) -> int:
-        _same_length(keys, values)
+        same_length(keys, values)
         results = self._put_each(list(zip(keys, values, strict=True)), config)
         return next((r for r in results if r != codes.OK), codes.OK)
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def put_from(
         self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
         return self._put_each([(key, self._buffers.view(buffer_ptr, size))], config)[0]
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_put_from(
         self,
         keys: Sequence[str],
@@ -302,11 +260,11 @@ class MooncakeDistributedStore:
         sizes: Sequence[int],
         config: ReplicateConfig | None = None,
     ) -> list[int]:
-        _same_length(keys, buffer_ptrs, sizes)
+        same_length(keys, buffer_ptrs, sizes)
         views = [self._buffers.view(p, s) for p, s in zip(buffer_ptrs, sizes, strict=True)]
         return self._put_each(list(zip(keys, views, strict=True)), config)
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_put_from_multi_buffers(
         self,
         keys: Sequence[str],
@@ -314,13 +272,9 @@ class MooncakeDistributedStore:
         all_sizes: Sequence[Sequence[int]],
         config: ReplicateConfig | None = None,
     ) -> list[int]:
-        _same_length(keys, all_buffer_ptrs, all_sizes)
+        same_length(keys, all_buffer_ptrs, all_sizes)
         parts = [self._parts(p, s) for p, s in zip(all_buffer_ptrs, all_sizes, strict=True)]
         return self._put_each(list(zip(keys, parts, strict=True)), config, parts=True)
-
-    def _parts(self, ptrs: Sequence[int], sizes: Sequence[int]) -> list[Any]:
-        _same_length(ptrs, sizes)
-        return [self._buffers.view(p, s) for p, s in zip(ptrs, sizes, strict=True)]
 
     def _put_each(
         self, items: list[tuple[str, Any]], config: ReplicateConfig | None, *, parts: bool = False
@@ -339,17 +293,17 @@ class MooncakeDistributedStore:
                 [items[n] for n in good], parts=parts, **self._put_options(config)
             )
             for n, result in zip(good, results, strict=True):
-                out[n] = _outcome(result)
+                out[n] = outcome(result)
         return out
 
     # ---- gets -------------------------------------------------------------------------------
 
-    @_mooncake_call(_empty)
+    @mooncake_call(fail_empty)
     def get(self, key: str) -> bytes:
         assert self._client is not None
         return self._client.get(key)
 
-    @_mooncake_call(lambda self, args: [b""] * len(args[0]) if args else [])
+    @mooncake_call(lambda args, code: [b""] * len(args[0]) if args else [])
     def get_batch(self, keys: Sequence[str]) -> list[bytes]:
         assert self._client is not None
         try:
@@ -357,28 +311,28 @@ class MooncakeDistributedStore:
         except MooncakeError:  # some key failed: each on its own, b"" for the failures
             return [self.get(k) for k in keys]
 
-    @_mooncake_call(_none)
+    @mooncake_call(fail_none)
     def get_buffer(self, key: str) -> BufferHandle | None:
         data = self.get(key)
         return BufferHandle(bytearray(data)) if data else None
 
-    @_mooncake_call(lambda self, args: [None] * len(args[0]) if args else [])
+    @mooncake_call(lambda args, code: [None] * len(args[0]) if args else [])
     def batch_get_buffer(self, keys: Sequence[str]) -> list[BufferHandle | None]:
         return [BufferHandle(bytearray(d)) if d else None for d in self.get_batch(keys)]
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
         return self.batch_get_into([key], [buffer_ptr], [size])[0]  # type: ignore[no-any-return]
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_get_into(
         self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]
     ) -> list[int]:
-        _same_length(keys, buffer_ptrs, sizes)
+        same_length(keys, buffer_ptrs, sizes)
         parts = [self._parts([p], [s]) for p, s in zip(buffer_ptrs, sizes, strict=True)]
         return self._get_each(keys, parts)
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_get_into_multi_buffers(
         self,
         keys: Sequence[str],
@@ -388,7 +342,7 @@ class MooncakeDistributedStore:
     ) -> list[int]:
         """Scatter each object over its buffers; per key the bytes read or a code.  (A read
         takes the closest replica already: a same-host one first.)"""
-        _same_length(keys, all_buffer_ptrs, all_sizes)
+        same_length(keys, all_buffer_ptrs, all_sizes)
         parts = [self._parts(p, s) for p, s in zip(all_buffer_ptrs, all_sizes, strict=True)]
         return self._get_each(keys, parts)
 
@@ -417,32 +371,32 @@ class MooncakeDistributedStore:
 
                 for device, host in pairs:
                     cupy.asarray(device).set(host)
-        return [_outcome(r) for r in results]
+        return [outcome(r) for r in results]
 
     # ---- metadata ---------------------------------------------------------------------------
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def is_exist(self, key: str) -> int:
         assert self._client is not None
         return 1 if self._client.exists(key) else 0
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         assert self._client is not None
         return [1 if e else 0 for e in self._client.exists_many(keys)]
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def get_size(self, key: str) -> int:
         """The object's size from the master's metadata (no data read), or -704."""
         assert self._client is not None
         [info] = self._client.describe_many([key])
         return info.size_bytes if info is not None else codes.OBJECT_NOT_FOUND
 
-    @_mooncake_call(lambda self, args: [])
+    @mooncake_call(lambda args, code: [])
     def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
         return self.batch_get_replica_desc([key]).get(key, [])  # type: ignore[no-any-return]
 
-    @_mooncake_call(lambda self, args: {})
+    @mooncake_call(lambda args, code: {})
     def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDescriptor]]:
         """Each stored key's replicas from the master's placement (missing keys: absent)."""
         assert self._client is not None
@@ -451,17 +405,17 @@ class MooncakeDistributedStore:
 
     # ---- removal ----------------------------------------------------------------------------
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def remove(self, key: str, force: bool = False) -> int:
         """0, or -704 (no such key), -706 (being read and not `force`), -703 (being put)."""
         return self.batch_remove([key], force)[0]  # type: ignore[no-any-return]
 
-    @_mooncake_call(_codes)
+    @mooncake_call(fail_codes)
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
         assert self._client is not None
-        return [_outcome(r) for r in self._client.remove_many_outcomes(keys, force=force)]
+        return [outcome(r) for r in self._client.remove_many_outcomes(keys, force=force)]
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
         """Remove every key the pattern matches (re.search); the number removed."""
         try:
@@ -471,7 +425,7 @@ class MooncakeDistributedStore:
             return codes.INVALID_PARAMS
         return self._remove_matching(pattern.search, force)
 
-    @_mooncake_call(_code)
+    @mooncake_call(fail_code)
     def remove_all(self, force: bool = False) -> int:
         """Remove every key (leased ones too with `force`); the number removed."""
         return self._remove_matching(lambda key: True, force)
@@ -488,80 +442,6 @@ class MooncakeDistributedStore:
                 removed += sum(1 for r in outcomes if r is None)
             if not cursor:
                 return removed
-
-    # ---- ranged reads (SGLang's direct linker) ---------------------------------------------
-
-    @_mooncake_call(_codes)
-    def batch_get_session_start(self, keys: Sequence[str]) -> list[int]:
-        """Lease `keys` for ranged reads until batch_get_session_end(keys); 0 per key or a
-        code (-704 for a missing key)."""
-        assert self._sessions is not None
-        return self._sessions.start(keys)
-
-    @_mooncake_call(_codes)
-    def batch_get_session_end(self, keys: Sequence[str]) -> list[int]:
-        assert self._sessions is not None
-        return self._sessions.end(keys)
-
-    @_mooncake_call(_codes)
-    def batch_get_into_multi_buffer_ranges(
-        self,
-        keys: Sequence[str],
-        all_buffer_ptrs: Sequence[Sequence[int]],
-        all_sizes: Sequence[Sequence[int]],
-        all_src_offsets: Sequence[Sequence[int]],
-    ) -> list[int]:
-        """Per key, copy [offset, offset + size) of the object into each (ptr, size); the
-        bytes copied per key (the sum of its sizes) or a code."""
-        assert self._sessions is not None
-        _same_length(keys, all_buffer_ptrs, all_sizes, all_src_offsets)
-        reads = []
-        for key, ptrs, sizes, offsets in zip(
-            keys, all_buffer_ptrs, all_sizes, all_src_offsets, strict=True
-        ):
-            _same_length(ptrs, sizes, offsets)
-            reads.append((key, list(zip(self._parts(ptrs, sizes), offsets, strict=True))))
-        out = []
-        for per_range in self._sessions.read(reads):
-            failed = [x for x in per_range if x < 0]
-            out.append(failed[0] if failed else sum(per_range))
-        return out
-
-    @_mooncake_call(_codes)
-    def get_into_ranges(
-        self,
-        buffer_ptrs: Sequence[int],
-        all_keys: Sequence[Sequence[str]],
-        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
-        all_src_offsets: Sequence[Sequence[Sequence[int]]],
-        all_sizes: Sequence[Sequence[Sequence[int]]],
-    ) -> list[list[list[int]]]:
-        """For each destination buffer, for each of its keys, copy ranges of the object
-        (src offset, size) to (buffer + dst offset); the bytes of each range or a code."""
-        assert self._sessions is not None
-        _same_length(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes)
-        reads, shape = [], []
-        for ptr, keys, dsts, srcs, sizes in zip(
-            buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes, strict=True
-        ):
-            _same_length(keys, dsts, srcs, sizes)
-            shape.append(len(keys))
-            for key, dst, src, size in zip(keys, dsts, srcs, sizes, strict=True):
-                _same_length(dst, src, size)
-                views = [self._buffers.view(ptr + d, s) for d, s in zip(dst, size, strict=True)]
-                reads.append((key, list(zip(views, src, strict=True))))
-        flat = self._sessions.read(reads)
-        out, at = [], 0
-        for count in shape:
-            out.append(flat[at : at + count])
-            at += count
-        return out
-
-
-def _same_length(*sequences: Sequence[Any]) -> None:
-    lengths = {len(s) for s in sequences}
-    if len(lengths) > 1:
-        raise InvalidArgumentError(f"argument lists differ in length: {sorted(lengths)}")
 
 
 def _descriptors(info: ObjectInfo) -> list[ReplicaDescriptor]:

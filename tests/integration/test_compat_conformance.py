@@ -223,3 +223,21 @@ def _nodes(cluster):
 
     with Client(cluster.master_address) as client:
         return client.list_nodes()
+
+
+def test_contributed_memory_lives_and_ends_with_the_client(cluster, store):
+    before = {n.node_id for n in _nodes(cluster)}
+    assert store.get_hostname() == "127.0.0.1"  # set up with 0 bytes: no node of its own
+    owner = MooncakeDistributedStore()
+    assert owner.setup("127.0.0.1:7777", "", 8 * MiB, 0, "tcp", "", cluster.master_address) == 0
+    nodes = {n.node_id: n for n in _nodes(cluster)}
+    [mine] = set(nodes) - before
+    assert nodes[mine].size_bytes == 8 * MiB and nodes[mine].endpoint == owner.get_hostname()
+    config = ReplicateConfig()
+    config.prefer_alloc_in_same_node = True
+    assert owner.put("c/mine", b"m" * 1000, config) == 0
+    assert [d.node_id for d in owner.get_replica_desc("c/mine")] == [mine]
+    assert owner.close() == 0
+    assert mine not in {n.node_id for n in _nodes(cluster)}  # unmounted as it stopped
+    assert store.is_exist("c/mine") == 0  # its objects went with it (no other replica)
+    assert owner.put("c/after", b"x") == -600  # closed: as before setup
