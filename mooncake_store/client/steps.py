@@ -102,6 +102,24 @@ def copy_parts_checksum(dests: Sequence[memoryview], srcs: Sequence[memoryview])
     return h.intdigest()
 
 
+def copy_parts_into(region: memoryview, parts: Sequence[memoryview]) -> int:
+    """Copy `parts` one after the other into `region` (their total length) and return the
+    checksum of `region`: a scatter-gather write into the pool.  Up to one checksum chunk the
+    region is hashed in one call after the copies (it is in cache), which costs what one
+    contiguous copy_checksum does; bigger objects are copied and hashed chunk by chunk."""
+    if len(parts) == 1:
+        return copy_checksum(region, parts[0])
+    if len(region) > _FUSE_CHUNK:
+        return copy_parts_checksum(split_like(region, parts), parts)
+    at = 0
+    for part in parts:
+        region[at : at + len(part)] = part
+        at += len(part)
+    if at != len(region):
+        raise ValueError(f"parts of {at} bytes copied into a region of {len(region)}")
+    return chunk_digest(region)
+
+
 def split_like(view: memoryview, parts: Sequence[memoryview]) -> list[memoryview]:
     """`view` cut into consecutive pieces of the sizes of `parts`."""
     out, at = [], 0

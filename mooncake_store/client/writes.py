@@ -25,7 +25,7 @@ from mooncake_store.client.steps import (
     Transfer,
     Transfers,
     as_readable,
-    copy_parts_checksum,
+    copy_parts_into,
     parts_checksum,
     split_like,
 )
@@ -260,11 +260,11 @@ class WriteFlows(LocalPools):
     ) -> None:
         """Copy the value (its parts one after the other) into a same-host replica; the first
         copy also yields the checksum."""
-        dests = split_like(pool[loc.offset : loc.offset + p.spec.size_bytes], p.parts)
+        region = pool[loc.offset : loc.offset + p.spec.size_bytes]
         if hash_it:
-            p.checksum = copy_parts_checksum(dests, p.parts)
+            p.checksum = copy_parts_into(region, p.parts)
         else:
-            for dest, part in zip(dests, p.parts, strict=True):
+            for dest, part in zip(split_like(region, p.parts), p.parts, strict=True):
                 dest[:] = part
         self.counters["shm_writes"] += 1
 

@@ -44,13 +44,18 @@ class DeviceBuffer:
         }
 
 
-def _cupy() -> Any:
-    try:
-        import cupy
+_CUPY: list[Any] = []  # [cupy or None] once looked up: an import attempt costs ~100 us
 
-        return cupy if cupy.is_available() else None
-    except Exception:
-        return None
+
+def _cupy() -> Any:
+    if not _CUPY:
+        try:
+            import cupy
+
+            _CUPY.append(cupy if cupy.is_available() else None)
+        except Exception:
+            _CUPY.append(None)
+    return _CUPY[0]
 
 
 def is_device_address(address: int) -> bool:
