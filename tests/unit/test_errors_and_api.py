@@ -176,3 +176,12 @@ def test_codes_shared_with_mooncake_mean_the_same():
             assert SAME_MEANING.get(name) == cls.__name__, (
                 f"{cls.__name__} uses {cls.code}, which is Mooncake's {name}"
             )
+
+
+def test_docs_errors_table_matches_the_code():
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "ERRORS.md").read_text()
+    for cls in vars(errors).values():
+        if isinstance(cls, type) and issubclass(cls, errors.MooncakeError):
+            assert f"| {cls.code} | `{cls.__name__}`" in table, cls.__name__
