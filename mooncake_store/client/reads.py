@@ -113,7 +113,14 @@ class ReadFlows(LocalPools):
         try:
             results = yield lookup(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
-            yield from self._read_all(keys, infos, [[v] for v in views], fingerprint)
+            done = yield from self._read_devices(keys, infos, devices)
+            if done:  # the rest (not same-host, or a replica failed) through host staging
+                rest = [n for n in range(len(infos)) if n not in done]
+                yield from self._read_all([keys[n] for n in rest], [infos[n] for n in rest],
+                                          [[views[n]] for n in rest], fingerprint)  # fmt: skip
+                devices = [d for d in devices if d[0] not in done]
+            else:
+                yield from self._read_all(keys, infos, [[v] for v in views], fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(devices)
@@ -168,6 +175,46 @@ class ReadFlows(LocalPools):
             else:
                 views.append(as_writable(buf))
         return views, devices
+
+    def _read_devices(
+        self,
+        keys: Sequence[str],
+        infos: Sequence[ReplicaList],
+        devices: list[tuple[int, Any, np.ndarray]],
+    ) -> Flow[set[int]]:
+        """Read straight into device buffers what a same-host replica holds: one DMA from a
+        mapped DRAM pool, or a device-to-device copy from the node's GPU tier (client/cuda.py),
+        verified in parallel.  Returns the indices served; the others (and any replica that
+        failed its checksum) take the staged path, which tries every replica again."""
+        wanted = [(i, dev) for i, dev, _ in devices
+                  if i < len(infos) and dev.nbytes >= infos[i].size_bytes]  # fmt: skip
+        if not wanted or not self.local_shm:
+            return set()
+        yield MapPools([loc for i, _ in wanted for loc in infos[i].replicas])
+        from mooncake_store.client.cuda import cuda_path
+
+        path = cuda_path()
+        done: set[int] = set()
+        for i, dev in wanted:
+            info = infos[i]
+            n = info.size_bytes
+            for loc in info.replicas:
+                pool = self._mapped(loc)
+                if pool is not None:
+                    digest = path.read_pool(dev[:n], loc.segment_id, pool, loc.offset, n,
+                                            loc.grant)  # fmt: skip
+                elif loc.tier == "GPU":
+                    base = path.open_tier(loc.shm_socket, loc.segment_id)
+                    if base is None:
+                        continue
+                    digest = path.read_tier(dev[:n], base, loc.offset, n, loc.grant)
+                else:
+                    continue
+                if digest is not None and self._verified(keys[i], loc, info, digest) is None:
+                    self.counters["shm_reads"] += 1
+                    done.add(i)
+                    break
+        return done
 
     def _to_devices(
         self, devices: list[tuple[int, Any, np.ndarray]], infos: Sequence[ReplicaList]

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Callable, Sequence
 from ssl import SSLContext
 
+from mooncake_store.client.cuda import forget_pool
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.addresses import split_host_port
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher
@@ -153,6 +154,7 @@ class ShmMapper:
         if entry is None:
             return
         mapping, view = entry
+        forget_pool(segment_id)  # a pool registered with CUDA is unregistered first
         try:
             view.release()
             mapping.close()

@@ -2,8 +2,8 @@
 
 A put is two-phase: one BatchPutStart for the whole batch (the master allocates replicas on
 distinct nodes), the bytes go straight to the nodes (shared memory on this host, TCP otherwise),
-then one BatchPutEnd commits them with their xxh3_64 checksums.  A put whose every replica
-failed is revoked, so a half-written object is never visible.
+then one BatchPutEnd commits them with their checksums (docs/CHECKSUM.md).  A put whose every
+replica failed is revoked, so a half-written object is never visible.
 
 A value may be given as parts (`put_many_from_parts`, Mooncake's multi-buffer puts): the parts
 are stored as one object, their concatenation, copied from each caller buffer straight into
@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from mooncake_store.client.device import is_device_buffer, to_host
+from mooncake_store.client.device import device_bytes, is_device_buffer, to_host
 from mooncake_store.client.master_client import put_end_call, put_revoke_call, put_start_call
 from mooncake_store.client.steps import (
     Flow,
@@ -52,6 +53,13 @@ class _Pending:
     failed: list[int] | None = None
     error: MooncakeError | None = None
     checksum: int = 0
+    device: Any = None  # a device value (flat uint8 cupy view); `parts` empty until needed
+
+    def host_parts(self) -> list[memoryview]:
+        """The value in host memory: a device value is copied to the host the first time."""
+        if self.device is not None and not self.parts:
+            self.parts = [as_readable(to_host(self.device))]
+        return self.parts
 
     @property
     def payload(self) -> Buffer:
@@ -125,8 +133,12 @@ class WriteFlows(LocalPools):
             values = list(value) if parts else [value]  # type: ignore[call-overload]
             if not values:
                 raise InvalidValueError(f"value of {key!r} has no parts; give at least one")
-            views = [as_readable(to_host(v) if is_device_buffer(v) else v) for v in values]
-            size = sum(len(v) for v in views)
+            device = device_bytes(value) if not parts and is_device_buffer(value) else None
+            if device is not None:  # moved by DMA where the pool is on this host
+                views, size = [], int(device.nbytes)
+            else:
+                views = [as_readable(to_host(v) if is_device_buffer(v) else v) for v in values]
+                size = sum(len(v) for v in views)
             if size == 0:
                 raise InvalidValueError(f"value of {key!r} is empty; store at least 1 byte")
             if size > self.max_value_bytes:
@@ -140,7 +152,7 @@ class WriteFlows(LocalPools):
                 bytes(tags[i]) if tags is not None else b"", pin, pin_ttl_s,
                 soft_pin_ttl_s, tuple(preferred_nodes),
             )  # fmt: skip
-            pending.append(_Pending(key, [v for v in views if len(v)], spec))
+            pending.append(_Pending(key, [v for v in views if len(v)], spec, device=device))
         if not pending:
             return []
         plans = yield put_start_call([p.spec for p in pending])
@@ -208,6 +220,9 @@ class WriteFlows(LocalPools):
         for p in pending:
             assert p.plan is not None
             p.failed = []
+            if p.device is not None and self._write_local(p):
+                continue  # device -> pool by DMA
+            p.host_parts()
             hashed = False
             for loc in p.plan.replicas:
                 pool = self._mapped(loc)
@@ -249,11 +264,29 @@ class WriteFlows(LocalPools):
         pools = [self._mapped(loc) for loc in p.plan.replicas]
         if any(pool is None for pool in pools):
             return False
+        if p.device is not None and not p.parts:
+            self._dma_into(p, pools)  # type: ignore[arg-type]
+            p.failed = []
+            return True
         for i, (loc, pool) in enumerate(zip(p.plan.replicas, pools, strict=True)):
             assert pool is not None
             self._copy_into(p, loc, pool, hash_it=i == 0)
         p.failed = []
         return True
+
+    def _dma_into(self, p: _Pending, pools: list[memoryview]) -> None:
+        """A device value: one DMA device -> the first replica's pool (registered with CUDA),
+        hashed as its pieces land; further same-host replicas are copies of that pool extent."""
+        from mooncake_store.client.cuda import cuda_path
+
+        assert p.plan is not None
+        first = p.plan.replicas[0]
+        p.checksum = cuda_path().write_pool(p.device, first.segment_id, pools[0], first.offset)
+        n = p.spec.size_bytes
+        landed = pools[0][first.offset : first.offset + n]
+        for loc, pool in zip(p.plan.replicas[1:], pools[1:], strict=True):
+            pool[loc.offset : loc.offset + n] = landed
+        self.counters["shm_writes"] += len(p.plan.replicas)
 
     def _copy_into(
         self, p: _Pending, loc: ReplicaLocation, pool: memoryview, *, hash_it: bool

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+import struct
+
+# What a node's GPU hand-off socket (`<shm socket>.gpu`) sends a same-host process: the GPU
+# tier's segment id, size, CUDA device ordinal and cudaIpcMemHandle_t (node/gpu.py GpuHandoff,
+# client/cuda.py).  Refused: common/shm_handoff.REFUSED instead.
+GPU_HELLO = struct.Struct("<QQi64s")
 
 
 def gpu_count() -> int:

@@ -84,3 +84,11 @@ def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
         return None
     segment_id, offset, size_bytes, expires_ms, mode = _BODY.unpack(body)
     return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode))
+
+
+def grant_expires_ms(blob: bytes) -> int | None:
+    """The expiry (wall-clock ms) a grant names, unverified (a client reading its own lease);
+    None when the blob is not a grant."""
+    if len(blob) != GRANT_BYTES:
+        return None
+    return int(_BODY.unpack_from(blob)[3])

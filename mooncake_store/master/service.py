@@ -70,7 +70,7 @@ def _fill_location(
     out.node_id = node.node_id
     out.segment_id = segment_id
     out.endpoint = node.endpoint
-    if info.tier is Tier.DRAM:
+    if info.tier is Tier.DRAM or info.tier is Tier.GPU:  # GPU: same-host CUDA IPC (issue 14)
         out.shm_socket = node.shm_socket
     out.offset = offset
     out.size_bytes = size_bytes

@@ -22,7 +22,7 @@ from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
-from mooncake_store.node.gpu import GpuTier
+from mooncake_store.node.gpu import GpuHandoff, GpuTier
 from mooncake_store.node.master_link import MasterLink
 from mooncake_store.node.memory import available_memory_bytes, memory_problem, progress_logger
 from mooncake_store.node.nvme import NvmeTier
@@ -59,6 +59,7 @@ class StoreNode:
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="nvme-io")
         self._data_server: asyncio.Server | None = None
         self._shm: ShmServer | None = None
+        self._gpu_handoff: GpuHandoff | None = None
         self._shm_name = ""
         self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -103,6 +104,8 @@ class StoreNode:
             group_gid=cfg.shm_group_gid,
         )  # fmt: skip
         self._shm.start()
+        if self.gpu is not None:  # same-host readers copy GPU-tier blocks device to device
+            self._gpu_handoff = GpuHandoff(self._shm_name, self.gpu, group_gid=cfg.shm_group_gid)
 
         self._grpc = grpc.aio.server()
         self._health = health.aio.HealthServicer()
@@ -210,6 +213,9 @@ class StoreNode:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        if self._gpu_handoff is not None:
+            self._gpu_handoff.close()
+            self._gpu_handoff = None
         if self._data_server is not None:
             self._data_server.close()
             await self._data_server.wait_closed()

@@ -51,3 +51,83 @@ def test_hot_blocks_are_promoted_to_the_gpu_tier_and_served_from_it(gpu_cluster)
         store.get_into("gpu/hot", out)
         assert bool((out == cupy.asarray(value)).all())
         assert store.counters["gpu_reads"] >= 1
+
+
+@pytest.fixture
+def dram_cluster(tmp_path):
+    """No GPU tier: nothing gets promoted away from the pool under the test's feet."""
+    with LocalCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
+        yield cluster
+
+
+def test_same_host_cupy_reads_and_writes_are_dma_with_the_pool(dram_cluster):
+    """get_into a cupy array is one DMA from the registered pool and put_from one into it,
+    verified in parallel; the bytes match, a corrupt replica raises, TCP still works."""
+    gpu_cluster = dram_cluster
+    import cupy
+    import numpy as np
+
+    from mooncake_store import ChecksumMismatchError
+    from mooncake_store.client.cuda import cuda_path
+    from mooncake_store.client.transport import ShmMapper
+    from mooncake_store.common.checksum import checksum
+    from tests.conftest import replica_list
+
+    rng = np.random.default_rng(2)
+    with Client(gpu_cluster.master_address) as store:
+        for size in (4096, (1 << 20) + 3, (9 << 20) + 4097):
+            host = rng.integers(0, 256, size, dtype=np.uint8)
+            store.put(f"dma/{size}", host)
+            store.get(f"dma/{size}")  # maps the pool
+            path = cuda_path()
+            before = dict(path.counters)
+            out = cupy.zeros(size, dtype=cupy.uint8)
+            assert store.get_into(f"dma/{size}", out) == size
+            assert bool((out == cupy.asarray(host)).all())
+            assert path.counters["dma_reads"] == before["dma_reads"] + 1
+
+            dev = cupy.asarray(rng.integers(0, 256, size, dtype=np.uint8))
+            store.put_from(f"dma-put/{size}", dev)
+            assert path.counters["dma_writes"] == before["dma_writes"] + 1
+            back = store.get(f"dma-put/{size}")
+            assert back == cupy.asnumpy(dev).tobytes()
+            assert replica_list(gpu_cluster.master_address, f"dma-put/{size}").checksum == (
+                checksum(back)
+            )
+
+        loc = replica_list(gpu_cluster.master_address, f"dma/{(9 << 20) + 4097}").replicas[0]
+        mapper = ShmMapper()
+        pool = mapper.map(loc)
+        assert pool is not None
+        pool[loc.offset + (5 << 20)] ^= 0xFF  # a chunk in the middle goes bad
+        mapper.close()
+        with pytest.raises(ChecksumMismatchError):
+            store.get_into(f"dma/{(9 << 20) + 4097}", cupy.zeros((9 << 20) + 4097, cupy.uint8))
+
+    with Client(gpu_cluster.master_address, local_shm=False) as tcp:
+        out = cupy.zeros(4096, dtype=cupy.uint8)
+        assert tcp.get_into("dma/4096", out) == 4096
+        assert tcp.counters["tcp_reads"] >= 1
+
+
+def test_same_host_gpu_tier_reads_are_device_to_device(gpu_cluster):
+    import cupy
+    import numpy as np
+
+    from mooncake_store.client.cuda import cuda_path
+
+    with Client(gpu_cluster.master_address) as store:
+        value = np.random.default_rng(4).integers(0, 255, 3 << 20, dtype=np.uint8)
+        store.put("ipc/hot", value)
+        for _ in range(3):
+            assert store.get("ipc/hot") == value.tobytes()
+
+        def on_gpu() -> bool:
+            return any(n.tier == "GPU" and n.objects for n in store.list_nodes())
+
+        wait_until(on_gpu, what="promotion to the GPU tier")
+        before = cuda_path().counters["ipc_reads"]
+        out = cupy.empty(3 << 20, dtype=cupy.uint8)
+        store.get_into("ipc/hot", out)
+        assert bool((out == cupy.asarray(value)).all())
+        assert cuda_path().counters["ipc_reads"] == before + 1
