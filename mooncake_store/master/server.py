@@ -18,9 +18,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.grpc_options import message_options
+from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
+from mooncake_store.master.metrics import InstrumentedServicer, master_registry
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
@@ -116,6 +118,8 @@ class MasterServer:
         self._server: grpc.aio.Server | None = None
         self._framed: FramedServer | None = None
         self.framed_port = 0
+        self._metrics_server: MetricsServer | None = None
+        self.metrics_url = ""
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -134,7 +138,9 @@ class MasterServer:
         self._servicer = MasterServicer(
             self.table, self._store, self.config, self.tiering, self.replication
         )
-        add_to_server(self._servicer, server)
+        registry, self.metrics = master_registry(self.table, self.tiering, self.replication)
+        self._servicer.extra_counters = self.metrics.totals
+        add_to_server(InstrumentedServicer(self._servicer, self.metrics, "grpc"), server)  # type: ignore[arg-type]
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)
@@ -148,7 +154,9 @@ class MasterServer:
         await server.start()
         if self.config.framed_port >= 0:
             self._framed = FramedServer(
-                self._servicer, max_frame_bytes=self.config.max_message_bytes, tls=tls
+                InstrumentedServicer(self._servicer, self.metrics, "framed"),
+                max_frame_bytes=self.config.max_message_bytes,
+                tls=tls,
             )
             self.framed_port = self._servicer.framed_port = await self._framed.start(
                 self.config.host, self.config.framed_port
@@ -156,6 +164,10 @@ class MasterServer:
             self._servicer.framed_socket = self._framed.unix_name
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._metrics_server = await start_metrics(
+            registry, self.config.host, self.config.metrics_port, "master"
+        )
+        self.metrics_url = url(self.config.host, self._metrics_server)
         self._server = server
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         self.port = port
@@ -182,6 +194,8 @@ class MasterServer:
         await self.mover.close()
         if self._store is not None:
             await self._store.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
@@ -251,7 +265,9 @@ async def serve(config: MasterConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(
-        f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})", flush=True
+        f"mooncake-master listening on {config.host}:{port} (data in {config.data_dir})"
+        f"{server.metrics_url}",
+        flush=True,
     )
     if server.framed_port:
         log.info("framed control endpoint on %s:%d", config.host, server.framed_port)

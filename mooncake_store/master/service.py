@@ -94,6 +94,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.replication = replication
         self.framed_port = 0  # set by the server once the framed endpoint listens
         self.framed_socket = ""
+        self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
@@ -525,6 +526,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         counters.update(self.replication.counters)
         counters["hot_objects"] = len(self.replication.hot)
         counters["under_replicated"] = len(self.table.under_replicated)
+        counters.update(self.extra_counters)  # hits and misses, counted by master/metrics.py
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
         counters["metadata_reopened"] = self.store.reopened

@@ -45,6 +45,8 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         self.demoted = 0
         self.promoted = 0
         self.fetched = 0
+        self.fetched_bytes = 0
+        self.checksum_failures = 0  # blocks that failed their checksum in a move or a fetch
         self._local = threading.local()  # each I/O thread's fetch staging buffer
 
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
@@ -88,6 +90,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         if src in self.dram and out_to is not None:
             source = self.dram[src][task.src_offset : task.src_offset + extent]
             if checksum(source[: task.size_bytes]) != task.checksum:
+                self.checksum_failures += 1
                 raise ChecksumMismatchError(f"DRAM copy of {task.key!r} is corrupt")
             out_to.write(source, task.dst_offset)
             if dst in self.nvme:  # demoted: the caller indexes it
@@ -102,6 +105,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             dest = self.dram[dst][task.dst_offset : task.dst_offset + extent]
             in_from.read(dest, task.src_offset)
             if checksum(dest[: task.size_bytes]) != task.checksum:
+                self.checksum_failures += 1
                 tier = "NVMe" if src in self.nvme else "GPU"
                 raise ChecksumMismatchError(f"{tier} copy of {task.key!r} is corrupt")
             if src in self.nvme:
@@ -169,10 +173,12 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                 dropped.close()
             return pb.Status(code=DataPathError.code, message=f"fetch failed: {exc}")
         if checksum(staged) != task.checksum:
+            self.checksum_failures += 1
             problem = f"fetched copy of {task.key!r} failed its checksum; nothing was written"
             return pb.Status(code=ChecksumMismatchError.code, message=problem)
         pool[task.dst_offset : task.dst_offset + task.size_bytes] = staged
         self.fetched += 1
+        self.fetched_bytes += task.size_bytes
         return pb.Status(code=OK)
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:

@@ -50,6 +50,8 @@ class DataAccess:
         self.reads = 0
         self.writes = 0
         self.denied = 0
+        self.read_bytes = 0  # bytes sent to clients and peers on the TCP data path
+        self.write_bytes = 0  # bytes received into the tiers on the TCP data path
 
     def staged(self, segment_id: int) -> NvmeTier | GpuTier | None:
         """The tier of a segment that is read through a staging buffer (NVMe, GPU)."""
@@ -144,6 +146,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._readv(self._target)
         elif self._stage == "payload":
             self.access.writes += 1
+            self.access.write_bytes += len(self._target)
             self._reply(OK, b"")
             self._expect("header", memoryview(self._header))
 
@@ -170,6 +173,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.transport.write(pack_response(OK, size))
             self.transport.write(view[offset : offset + size])
             self.access.reads += 1
+            self.access.read_bytes += size
             self._expect("header", memoryview(self._header))
         else:
             segment_id = self.access.check(grant, offset, size, GrantMode.WRITE)
@@ -196,6 +200,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport.write(pack_response(OK, sum(len(v) for v in views)))
         self.transport.writelines(views)
         self.access.reads += len(views)
+        self.access.read_bytes += sum(len(v) for v in views)
         self._expect("header", memoryview(self._header))
 
     async def _read_staged(self, tier: NvmeTier | GpuTier, offset: int, size: int) -> None:
@@ -214,6 +219,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self.transport.write(pack_response(OK, size))
                 self.transport.write(memoryview(buf)[:size])
             self.access.reads += 1
+            self.access.read_bytes += size
         if self.transport is not None:
             self.transport.resume_reading()
         self._expect("header", memoryview(self._header))

@@ -18,6 +18,7 @@ from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
+from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.control import NodeControl
@@ -25,6 +26,7 @@ from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.gpu import GpuHandoff, GpuTier
 from mooncake_store.node.master_link import MasterLink
 from mooncake_store.node.memory import available_memory_bytes, memory_problem, progress_logger
+from mooncake_store.node.metrics import node_registry
 from mooncake_store.node.nvme import NvmeTier
 from mooncake_store.node.pool import SharedPool
 from mooncake_store.node.shm_server import ShmServer
@@ -60,6 +62,9 @@ class StoreNode:
         self._data_server: asyncio.Server | None = None
         self._shm: ShmServer | None = None
         self._gpu_handoff: GpuHandoff | None = None
+        self.control: NodeControl | None = None
+        self._metrics: MetricsServer | None = None
+        self.metrics_url = ""
         self._shm_name = ""
         self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -110,7 +115,7 @@ class StoreNode:
         self._grpc = grpc.aio.server()
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        control = NodeControl(
+        control = self.control = NodeControl(
             self.access.dram, self.access.nvme, self.access.gpu, self._io,
             tls=tls.client_context() if tls.serves else None,
         )  # fmt: skip
@@ -130,6 +135,8 @@ class StoreNode:
             f"control {join_host_port(cfg.advertised_host, self.control_port)}"
         )
 
+        self._metrics = await start_metrics(node_registry(self), cfg.host, cfg.metrics_port, "node")
+        self.metrics_url = url(cfg.host, self._metrics)
         self._link = MasterLink(cfg.master, self._mount_request, tls=tls)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             refusal = self._link.refusal
@@ -189,6 +196,23 @@ class StoreNode:
                 serving = now
             await asyncio.sleep(0.2)
 
+    @property
+    def shm(self) -> ShmServer | None:
+        return self._shm
+
+    @property
+    def link(self) -> MasterLink | None:
+        return self._link
+
+    def tier_sizes(self) -> dict[str, int]:
+        """Bytes of each tier this node serves."""
+        sizes = {"DRAM": self.config.dram_bytes}
+        if self.nvme is not None:
+            sizes["NVME"] = self.nvme.size_bytes
+        if self.gpu is not None:
+            sizes["GPU"] = self.gpu.size_bytes
+        return sizes
+
     async def wait_mounted(self) -> None:
         """Return once the node is mounted on the master (the link keeps retrying until then)."""
         warned = False
@@ -207,6 +231,9 @@ class StoreNode:
             self._tracker = None
         if link is not None:
             await loop.run_in_executor(None, lambda: link.stop(unmount=unmount))
+        if self._metrics is not None:
+            await self._metrics.stop()
+            self._metrics = None
         if self._grpc is not None:
             await self._grpc.stop(0.5)
             self._grpc = None
@@ -243,7 +270,8 @@ async def serve(config: NodeConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await node.wait_mounted()
     print(
-        f"mooncake-store node {node.node_id} serving {node.description}, master {config.master}",
+        f"mooncake-store node {node.node_id} serving {node.description}, master {config.master}"
+        f"{node.metrics_url}",
         flush=True,
     )
     await stop.wait()
