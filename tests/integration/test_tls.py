@@ -154,3 +154,43 @@ def test_tls_settings_are_checked_at_start(tmp_path, client_tls):
         NodeConfig(tls_ca=client_tls.ca)
     with pytest.raises(InvalidArgumentError, match="does not exist"):
         TlsConfig(ca=str(tmp_path / "missing.pem"))
+
+
+def test_mutual_tls_master_offers_no_unix_endpoint(tls_cluster, client_tls):
+    with Client(tls_cluster.master_address, tls=client_tls) as store:
+        store.put("tls/probe", b"p")
+        endpoint = store._master().framed_endpoint
+        assert endpoint is not None and endpoint.unix_name == ""  # TCP + TLS even on this host
+
+
+def test_client_certificates_can_be_optional(tmp_path, ca: TestCA):
+    """--no-tls-require-client-cert: daemons still verify each other, clients need only the CA."""
+    optional = ["--no-tls-require-client-cert"]
+    with LocalCluster(
+        tmp_path,
+        nodes=1,
+        dram="16MiB",
+        master_args=[*FAST_MASTER, *ca.daemon_args("master-2"), *optional],
+        node_args=[*ca.daemon_args("node-2"), *optional],
+        client_options={"tls_ca": str(ca.path)},
+    ) as cluster:
+        with Client(cluster.master_address, tls_ca=str(ca.path), local_shm=False) as store:
+            store.put("tls/no-client-cert", VALUE)
+            assert store.get("tls/no-client-cert") == VALUE
+            assert store.counters["tcp_reads"] == 1
+
+
+def test_tls_settings_come_from_files_and_environment(tmp_path, ca: TestCA):
+    from mooncake_store.common.config import load_config
+    from mooncake_store.master.config import MasterConfig
+    from mooncake_store.node.config import NodeConfig
+
+    issued = ca.issue("configured")
+    toml = tmp_path / "node.toml"
+    toml.write_text(f'tls_cert = "{issued.cert}"\ntls_key = "{issued.key}"\ntls_ca = "{ca.path}"\n'
+                    'tls_require_client_cert = false\n')  # fmt: skip
+    node = load_config(NodeConfig, env_prefix="MOONCAKE_NODE_", config_file=toml, environ={})
+    assert node.tls == TlsConfig(str(issued.cert), str(issued.key), str(ca.path), False)
+    env = {"MOONCAKE_MASTER_TLS_CERT": str(issued.cert), "MOONCAKE_MASTER_TLS_KEY": str(issued.key)}
+    master = load_config(MasterConfig, env_prefix="MOONCAKE_MASTER_", environ=env)
+    assert master.tls.serves and not master.tls.ca
