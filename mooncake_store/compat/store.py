@@ -347,14 +347,27 @@ class MooncakeDistributedStore(RangeMethods):
         return self._get_each(keys, parts)
 
     def _get_each(self, keys: Sequence[str], parts: list[list[Any]]) -> list[int]:
-        """Read every key into its parts: host parts straight, device parts through host
-        staging (one copy to the device each); per key the bytes read or its code."""
+        """Read every key into its parts; per key the bytes read or its code.  Host parts are
+        filled straight; a key read into one device buffer takes the SDK's device path (DMA
+        from a same-host pool); device parts of a multi-buffer read go through host staging
+        (one copy to the device each)."""
         assert self._client is not None
+        single = [
+            n for n, p in enumerate(parts) if len(p) == 1 and isinstance(p[0], DeviceBuffer)
+        ]  # fmt: skip
+        out = [codes.OK] * len(keys)
+        if single:
+            got = self._get_devices([keys[n] for n in single], [parts[n][0] for n in single])
+            for n, result in zip(single, got, strict=True):
+                out[n] = result
+        rest = [n for n in range(len(keys)) if n not in set(single)]
+        if not rest:
+            return out
         staged: dict[int, list[tuple[DeviceBuffer, Any]]] = {}
         host_parts: list[list[Any]] = []
-        for n, key_parts in enumerate(parts):
+        for n in rest:
             row = []
-            for part in key_parts:
+            for part in parts[n]:
                 if isinstance(part, DeviceBuffer):
                     import numpy as np
 
@@ -364,14 +377,28 @@ class MooncakeDistributedStore(RangeMethods):
                 else:
                     row.append(part)
             host_parts.append(row)
-        results = self._client.get_many_into_outcomes(keys, host_parts)
-        for n, pairs in staged.items():
-            if not isinstance(results[n], MooncakeError):
+        results = self._client.get_many_into_outcomes([keys[n] for n in rest], host_parts)
+        for n, got_n in zip(rest, results, strict=True):
+            out[n] = outcome(got_n)
+            if n in staged and not isinstance(got_n, MooncakeError):
                 import cupy
 
-                for device, host in pairs:
+                for device, host in staged[n]:
                     cupy.asarray(device).set(host)
-        return [outcome(r) for r in results]
+        return out
+
+    def _get_devices(self, keys: list[str], buffers: list[DeviceBuffer]) -> list[int]:
+        assert self._client is not None
+        try:
+            return list(self._client.get_many_into(keys, buffers))
+        except MooncakeError:  # some key failed: each on its own for its code
+            results = []
+            for key, buffer in zip(keys, buffers, strict=True):
+                try:
+                    results.append(self._client.get_into(key, buffer))
+                except MooncakeError as exc:
+                    results.append(codes.code_of(exc))
+            return results
 
     # ---- metadata ---------------------------------------------------------------------------
 
