@@ -488,3 +488,19 @@ class ReportCorruptRequest(_message.Message):
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     reports: _containers.RepeatedCompositeFieldContainer[CorruptReport]
     def __init__(self, reports: _Optional[_Iterable[_Union[CorruptReport, _Mapping]]] = ...) -> None: ...
+
+class WriteFence(_message.Message):
+    __slots__ = ("segment_id", "floor", "open")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    floor: int
+    open: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, segment_id: _Optional[int] = ..., floor: _Optional[int] = ..., open: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FenceWritesRequest(_message.Message):
+    __slots__ = ("fences",)
+    FENCES_FIELD_NUMBER: _ClassVar[int]
+    fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
+    def __init__(self, fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ...) -> None: ...

@@ -1077,6 +1077,11 @@ class NodeServiceStub:
                 request_serializer=mooncake__store__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.Status.FromString,
                 _registered_method=True)
+        self.FenceWrites = channel.unary_unary(
+                '/mooncake_store.v1.NodeService/FenceWrites',
+                request_serializer=mooncake__store__pb2.FenceWritesRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -1104,6 +1109,13 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FenceWrites(self, request, context):
+        """Issue 11: which write grants of each DRAM segment still work (see WriteFence).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1120,6 +1132,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=mooncake__store__pb2.ReleaseRequest.FromString,
+                    response_serializer=mooncake__store__pb2.Status.SerializeToString,
+            ),
+            'FenceWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.FenceWrites,
+                    request_deserializer=mooncake__store__pb2.FenceWritesRequest.FromString,
                     response_serializer=mooncake__store__pb2.Status.SerializeToString,
             ),
     }
@@ -1203,6 +1220,33 @@ class NodeService:
             target,
             '/mooncake_store.v1.NodeService/Release',
             mooncake__store__pb2.ReleaseRequest.SerializeToString,
+            mooncake__store__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FenceWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.NodeService/FenceWrites',
+            mooncake__store__pb2.FenceWritesRequest.SerializeToString,
             mooncake__store__pb2.Status.FromString,
             options,
             channel_credentials,

@@ -6,6 +6,11 @@ node gave it at mount time.  The node verifies the signature, the segment, the m
 and that the access lies inside the granted extent, so a client can touch only allocations the
 master told it about, and only while its put window or read lease lasts.  Expiry is wall-clock
 (milliseconds since the epoch), so master and nodes on different hosts need synchronised clocks.
+
+A WRITE grant also names its put's `generation` (unique per put in the master's lifetime).  The
+master pushes each node a write fence per segment (`WriteFence`): generations below `floor` are
+ended unless listed `open`, so a write grant stops working once its put was committed, revoked or
+removed (within a master tick), long before its expiry.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntFlag
 
-_BODY = struct.Struct("<QQQQB")
+_BODY = struct.Struct("<QQQQBQ")  # segment, offset, size, expiry, mode, put generation
 _MAC_BYTES = 16
 GRANT_BYTES = _BODY.size + _MAC_BYTES
 
@@ -33,6 +38,7 @@ class Grant:
     size_bytes: int
     expires_ms: int
     mode: GrantMode
+    generation: int = 0  # the put a WRITE grant belongs to (0: none)
 
     def covers(self, offset: int, size_bytes: int, mode: GrantMode) -> bool:
         """True when [offset, offset+size_bytes) lies in the grant and `mode` is allowed."""
@@ -63,15 +69,22 @@ def _mac(secret: bytes, body: bytes) -> bytes:
 def sign_grant(secret: bytes, grant: Grant) -> bytes:
     """Serialise and sign `grant` with the node's secret."""
     return sign(
-        secret, grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, grant.mode
-    )
+        secret, grant.segment_id, grant.offset, grant.size_bytes, grant.expires_ms, grant.mode,
+        grant.generation,
+    )  # fmt: skip
 
 
 def sign(
-    secret: bytes, segment_id: int, offset: int, size_bytes: int, expires_ms: int, mode: int
+    secret: bytes,
+    segment_id: int,
+    offset: int,
+    size_bytes: int,
+    expires_ms: int,
+    mode: int,
+    generation: int = 0,
 ) -> bytes:
     """`sign_grant` from the fields, without building a Grant (the master's read path)."""
-    body = _BODY.pack(segment_id, offset, size_bytes, expires_ms, mode)
+    body = _BODY.pack(segment_id, offset, size_bytes, expires_ms, mode, generation)
     return body + _mac(secret, body)
 
 
@@ -82,8 +95,8 @@ def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
     body, mac = blob[: _BODY.size], blob[_BODY.size :]
     if not hmac.compare_digest(mac, _mac(secret, body)):
         return None
-    segment_id, offset, size_bytes, expires_ms, mode = _BODY.unpack(body)
-    return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode))
+    segment_id, offset, size_bytes, expires_ms, mode, generation = _BODY.unpack(body)
+    return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode), generation)
 
 
 def grant_expires_ms(blob: bytes) -> int | None:
@@ -92,3 +105,15 @@ def grant_expires_ms(blob: bytes) -> int | None:
     if len(blob) != GRANT_BYTES:
         return None
     return int(_BODY.unpack_from(blob)[3])
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFence:
+    """Which write grants of one segment still work: those of generation >= `floor` (puts the
+    node has not heard of yet) and those listed in `open` (puts still being written)."""
+
+    floor: int
+    open: frozenset[int]
+
+    def admits(self, generation: int) -> bool:
+        return generation >= self.floor or generation in self.open

@@ -51,6 +51,7 @@ class ObjectColumns:
         self._wanted = array("B")  # replicas the put asked for: re-replication restores it
         self._segment = array("Q")  # the one replica's segment; NO_SEGMENT: see _more
         self._offset = array("Q")
+        self._gen = array("Q")  # the put's generation (its write grants'; 0: restored/adopted)
         self._fingerprint: list[bytes] = []  # interned: a cluster has a handful
         self._parent: list[str] = []  # the parent's own key string when it is stored
         self._more: dict[int, tuple[Replica, ...]] = {}  # slot -> replicas, when not one
@@ -58,7 +59,7 @@ class ObjectColumns:
         self._numeric = (
             self._state, self._size, self._checksum, self._created, self._lease, self._reads,
             self._last_read, self._window_start, self._window_reads, self._wanted,
-            self._segment, self._offset,
+            self._segment, self._offset, self._gen,
         )  # fmt: skip
 
     def _new_slot(
@@ -73,6 +74,7 @@ class ObjectColumns:
         fingerprint: bytes = b"",
         parent_key: str = "",
         wanted_replicas: int = 1,
+        generation: int = 0,
     ) -> int:
         if self._free_slots:
             slot = self._free_slots.pop()
@@ -94,6 +96,7 @@ class ObjectColumns:
         self._window_start[slot] = 0.0
         self._window_reads[slot] = 0
         self._wanted[slot] = min(wanted_replicas, 255)
+        self._gen[slot] = generation
         self._fingerprint[slot] = fingerprint
         self._parent[slot] = parent_key
         self._slot[key] = slot

@@ -111,7 +111,7 @@ class MasterConfig:
         "unset: the host they dialed for gRPC.",
     )
     max_pending_share: float = setting(
-        0.5,
+        0.75,
         "Share of a node's pool that puts started and not yet ended may hold (and evict "
         "committed blocks for); a pool holding none takes any one put.",
     )

@@ -7,6 +7,7 @@ the table freed (`Release`), so a node's index never outlives the master's recor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Coroutine
@@ -22,6 +23,7 @@ from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.replication import CopyTask, Replication
+from mooncake_store.master.segments import Segment
 from mooncake_store.master.tiering import MoveTask, Tiering
 
 log = logging.getLogger("mooncake.master")
@@ -125,6 +127,33 @@ class NodeMover:
                                    timeout=5.0)  # fmt: skip
             except grpc.aio.AioRpcError as exc:
                 log.warning("release on node %s failed: %s", seg.node_id, exc.code().name)  # type: ignore[union-attr]
+
+    async def fence(self, fences: list[tuple[Segment, int, frozenset[int]]]) -> None:
+        """Send each node the write fences of its segments; report each one taken."""
+        by_node: dict[str, list[tuple[Segment, int, frozenset[int]]]] = defaultdict(list)
+        for fence in fences:
+            by_node[fence[0].node_id].append(fence)
+
+        async def send(node_id: str, mine: list[tuple[Segment, int, frozenset[int]]]) -> None:
+            stub = self._stub(node_id)
+            if stub is None:
+                return
+            request = pb.FenceWritesRequest(
+                fences=[
+                    pb.WriteFence(segment_id=seg.segment_id, floor=floor, open=sorted(open_))
+                    for seg, floor, open_ in mine
+                ]
+            )
+            try:
+                await stub.FenceWrites(request, timeout=5.0)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("write fence on node %s failed: %s", node_id, exc.code().name)
+                self.table.fence_failed()
+                return
+            for seg, floor, open_ in mine:
+                self.table.fence_acked(seg, floor, open_)
+
+        await asyncio.gather(*(send(n, mine) for n, mine in by_node.items()))
 
     async def close(self) -> None:
         for _, channel, _ in self._channels.values():

@@ -49,6 +49,7 @@ from mooncake_store.master.columns import (
 )
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
+from mooncake_store.master.fences import HeldFree, WriteFences
 from mooncake_store.master.membership import TickResult
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
@@ -58,6 +59,7 @@ from mooncake_store.master.segments import Segment, Tier
 log = logging.getLogger("mooncake.master")
 
 MAX_FINGERPRINT_BYTES = 64
+FENCE_SLACK_S = 2.0  # past a write grant's expiry, a held free happens without a fence
 MAX_TAG_BYTES = 256
 
 
@@ -70,6 +72,7 @@ class PutStartOutcome:
     already_exists: bool
     placements: list[tuple[Segment, Replica]]
     deadline_s: float
+    generation: int = 0  # the put's, named by its write grants
 
 
 @dataclass(slots=True)
@@ -103,7 +106,14 @@ class ObjectTable(ReplicaRelocation):
         *,
         clock: Callable[[], float],
         policy: EvictionPolicy | None = None,
+        first_generation: int = 1,
+        fence_writes: bool = False,
     ) -> None:
+        """`first_generation`: of puts (named by their write grants); the daemon starts it at
+        the wall clock in microseconds, past any earlier master's.  `fence_writes`: hold the
+        frees of puts that end without a commit until their node fenced the put's write
+        grants (fences.py); the daemon always does, a table with no nodes to fence (a unit
+        test of other rules, a tool) frees at once."""
         self.config = config
         self.policy = policy or LruPolicy()
         self._lease_ttl_s = config.lease_ttl_s  # read on every lookup: no attribute chains
@@ -118,6 +128,9 @@ class ObjectTable(ReplicaRelocation):
         self._pending: dict[str, float] = {}  # PROCESSING key -> put deadline
         self._owner_of: dict[str, int] = {}  # PROCESSING key -> the connection that started it
         self._owned: dict[int, set[str]] = {}  # connection -> its PROCESSING keys
+        self._next_generation = first_generation
+        self._fence_writes = fence_writes
+        self.fences = WriteFences()
         self._fingerprints: dict[bytes, bytes] = {}
         # (free at, segment generation, segment, offset, size): frees that wait for a lease
         self._deferred: list[tuple[float, int, int, int, int]] = []
@@ -274,9 +287,12 @@ class ObjectTable(ReplicaRelocation):
             seg.objects += 1
             seg.pending_bytes += extent
             placements.append((seg, Replica(seg.segment_id, offset)))
+        generation = self._next_generation
+        self._next_generation += 1
         slot = self._new_slot(
             key, size_bytes, PROCESSING, tuple(r for _, r in placements), created_s=now,
             fingerprint=fingerprint, parent_key=parent_key, wanted_replicas=wanted,
+            generation=generation,
         )  # fmt: skip
         self._cold_set(slot, "tag", tag)
         self._cold_set(slot, "pin_until_s", pin_until)
@@ -290,7 +306,7 @@ class ObjectTable(ReplicaRelocation):
         else:
             self._owner_of.pop(key, None)
         self.counters["puts_started"] += 1
-        return PutStartOutcome(False, placements, deadline)
+        return PutStartOutcome(False, placements, deadline, generation)
 
     def _evict_for(self, candidates: list[Segment], extent: int) -> list[Segment]:
         """Evict from the segment with most free space until `extent` fits; [] if impossible."""
@@ -611,6 +627,8 @@ class ObjectTable(ReplicaRelocation):
                 self._delete(self._slot[key], 0.0)
                 result.reclaimed_puts.append(key)
                 self.counters["puts_reclaimed"] += 1
+        for segment_id, held in self.fences.expired(now):
+            self._release_held(segment_id, held, now)
         while self._deferred and self._deferred[0][0] <= now:
             _, generation, segment_id, offset, size_bytes = heapq.heappop(self._deferred)
             owner = self._segments.get(segment_id)
@@ -705,8 +723,9 @@ class ObjectTable(ReplicaRelocation):
             extents = per_segment.get(seg.segment_id, [])
             assert seg.objects == len(extents), "segment object count"
             assert seg.pending_bytes == pending.get(seg.segment_id, 0), "pending bytes"
+            fenced = [(o, seg.allocator.aligned(n)) for o, n in self.fences.held_extents(seg)]
             seg.allocator.validate(
-                extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, [])
+                extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, []) + fenced
             )
             assert self._nodes[seg.node_id].info == seg.info.node
 
@@ -751,7 +770,21 @@ class ObjectTable(ReplicaRelocation):
                 continue
             seg.objects -= 1
             self.policy.discard(slot, r.segment_id, key)
-            if free_at_s > now:
+            generation = self._gen[slot]
+            if (
+                generation
+                and self._fence_writes
+                and self._state[slot] != COMPLETE  # a put that ends without a commit
+                and seg.tier is Tier.DRAM  # clients write only DRAM
+                and not self.fences.ended(seg, generation)
+            ):
+                # A write of the put may still be on its way to the node (a client revokes a
+                # put when a write failed or timed out): nobody else gets the extent until the
+                # node has taken a fence that ends the put's grants.
+                until = self._created[slot] + self.config.put_timeout_s + FENCE_SLACK_S
+                self.fences.hold(seg, HeldFree(generation, seg.generation, r.offset,
+                                               size_bytes, free_at_s, until))  # fmt: skip
+            elif free_at_s > now:
                 heapq.heappush(
                     self._deferred, (free_at_s, seg.generation, r.segment_id, r.offset, size_bytes)
                 )
@@ -767,6 +800,7 @@ class ObjectTable(ReplicaRelocation):
             if seg is not None:
                 extent = extent or seg.allocator.aligned(self._size[slot])
                 seg.pending_bytes -= extent
+        self.fences.dirty = True  # its write grants end: tell the nodes
         key = self._key[slot]
         owner = self._owner_of.pop(key, 0) if key is not None else 0
         if owner:
@@ -775,6 +809,46 @@ class ObjectTable(ReplicaRelocation):
                 keys.discard(key)  # type: ignore[arg-type]
                 if not keys:
                     del self._owned[owner]
+
+    def take_fences(self) -> list[tuple[Segment, int, frozenset[int]]]:
+        """The write fence of every DRAM segment, when a put ended since the last call: (the
+        segment, floor, open generations).  Send each to its node, then `fence_acked`."""
+        if not self.fences.dirty:
+            return []
+        self.fences.dirty = False
+        open_: dict[int, set[int]] = {}
+        for key in self._pending:
+            slot = self._slot[key]
+            for r in self._replicas(slot):
+                open_.setdefault(r.segment_id, set()).add(self._gen[slot])
+        floor = self._next_generation
+        return [
+            (seg, floor, frozenset(open_.get(seg.segment_id, ())))
+            for seg in self._segments.values()
+            if seg.tier is Tier.DRAM
+        ]
+
+    def fence_acked(self, seg: Segment, floor: int, open_: frozenset[int]) -> None:
+        """`seg`'s node took this fence: the frees it held can happen now."""
+        if self._segments.get(seg.segment_id) is not seg:
+            return  # mounted again meanwhile: the new mount gets its own fence
+        now = self._clock()
+        for held in self.fences.acknowledged(seg, floor, open_):
+            self._release_held(seg.segment_id, held, now)
+
+    def fence_failed(self) -> None:
+        """A fence did not reach its node: send them all again next time."""
+        self.fences.dirty = True
+
+    def _release_held(self, segment_id: int, held: HeldFree, now: float) -> None:
+        seg = self._segments.get(segment_id)
+        if seg is None or seg.generation != held.segment_generation:
+            return  # that mount is gone, and its allocator with it
+        if held.free_at_s > now:
+            heapq.heappush(self._deferred, (held.free_at_s, seg.generation, segment_id,
+                                            held.offset, held.size_bytes))  # fmt: skip
+        else:
+            self._free_extent(seg, held.offset, held.size_bytes)
 
     def revoke_owner(self, owner: int) -> list[str]:
         """Revoke the pending puts of a client connection that closed; return their keys.

@@ -103,7 +103,7 @@ class MasterServer:
             **({"depth_cost": config.eviction_depth_cost,
                 "ghost_entries": config.eviction_ghost_entries}
                if config.eviction_policy == "weighted" else {}),
-        ))  # fmt: skip
+        ), first_generation=time.time_ns() // 1000, fence_writes=True)  # fmt: skip
         self.tiering = Tiering(self.table, config)
         self.replication = Replication(self.table, config, clock=time.monotonic)
         self.mover = NodeMover(
@@ -233,6 +233,11 @@ class MasterServer:
         released = self.table.take_released()
         if released:  # in the background: a stalled node must not hold up liveness checks
             task = asyncio.get_running_loop().create_task(self.mover.release(released))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+        fences = self.table.take_fences()
+        if fences:  # write grants of puts that ended: the nodes refuse them from now on
+            task = asyncio.get_running_loop().create_task(self.mover.fence(fences))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
 

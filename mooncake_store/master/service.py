@@ -49,10 +49,15 @@ def _status(exc: MooncakeError) -> pb.Status:
 
 
 def _location(
-    seg: Segment, replica: Replica, size_bytes: int, expires_s: float, mode: GrantMode
+    seg: Segment,
+    replica: Replica,
+    size_bytes: int,
+    expires_s: float,
+    mode: GrantMode,
+    generation: int = 0,
 ) -> pb.ReplicaLocation:
     out = pb.ReplicaLocation()
-    _fill_location(out, seg, replica, size_bytes, expires_s, mode)
+    _fill_location(out, seg, replica, size_bytes, expires_s, mode, generation)
     return out
 
 
@@ -63,6 +68,7 @@ def _fill_location(
     size_bytes: int,
     expires_s: float,
     mode: GrantMode,
+    generation: int = 0,
 ) -> None:
     info = seg.info
     node = info.node
@@ -74,7 +80,9 @@ def _fill_location(
         out.shm_socket = node.shm_socket
     out.offset = offset
     out.size_bytes = size_bytes
-    out.grant = sign(node.secret, segment_id, offset, size_bytes, expiry_ms(expires_s), mode)
+    out.grant = sign(
+        node.secret, segment_id, offset, size_bytes, expiry_ms(expires_s), mode, generation
+    )
     out.tier = info.tier.value
 
 
@@ -128,7 +136,14 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.PutStartResult(
             status=_OK,
             replicas=[
-                _location(seg, r, item.size_bytes, outcome.deadline_s, GrantMode.WRITE)
+                _location(
+                    seg,
+                    r,
+                    item.size_bytes,
+                    outcome.deadline_s,
+                    GrantMode.WRITE,
+                    outcome.generation,
+                )
                 for seg, r in outcome.placements
             ],
         )

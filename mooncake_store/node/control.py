@@ -26,6 +26,7 @@ from mooncake_store.common.addresses import split_host_port
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
+from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.wire import MAX_ERROR_BYTES, RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
@@ -36,8 +37,10 @@ log = logging.getLogger("mooncake.node")
 class NodeControl(pb_grpc.NodeServiceServicer):
     def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
                  gpu: dict[int, GpuTier], executor: Executor, *,
-                 tls: ssl.SSLContext | None = None) -> None:  # fmt: skip
+                 tls: ssl.SSLContext | None = None,
+                 fences: dict[int, WriteFence] | None = None) -> None:  # fmt: skip
         self.dram = dram
+        self.fences = fences if fences is not None else {}  # the data path's (DataAccess)
         self.tls = tls  # the client context of fetches from other nodes (None: plaintext)
         self.nvme = nvme
         self.gpu = gpu
@@ -179,6 +182,13 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         pool[task.dst_offset : task.dst_offset + task.size_bytes] = staged
         self.fetched += 1
         self.fetched_bytes += task.size_bytes
+        return pb.Status(code=OK)
+
+    async def FenceWrites(self, request: pb.FenceWritesRequest, context: object) -> pb.Status:
+        """The master's write fences (issue 11): each replaces the segment's previous one."""
+        for fence in request.fences:
+            if fence.segment_id in self.dram:
+                self.fences[fence.segment_id] = WriteFence(fence.floor, frozenset(fence.open))
         return pb.Status(code=OK)
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:

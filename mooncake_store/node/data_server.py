@@ -21,7 +21,7 @@ from concurrent.futures import Executor
 from ssl import SSLContext
 
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
-from mooncake_store.common.grant import GRANT_BYTES, GrantMode, verify_grant
+from mooncake_store.common.grant import GRANT_BYTES, GrantMode, WriteFence, verify_grant
 from mooncake_store.common.wire import (
     MAGIC,
     MAX_READV_ENTRIES,
@@ -47,6 +47,8 @@ class DataAccess:
         self.dram: dict[int, memoryview] = {}
         self.nvme: dict[int, NvmeTier] = {}
         self.gpu: dict[int, GpuTier] = {}
+        # Per DRAM segment, the write grants still valid (pushed by the master: FenceWrites).
+        self.fences: dict[int, WriteFence] = {}
         self.reads = 0
         self.writes = 0
         self.denied = 0
@@ -81,11 +83,20 @@ class DataAccess:
             problem = "extent lies beyond the end of the segment"
         elif mode is GrantMode.WRITE and grant.segment_id not in self.dram:
             problem = "only the DRAM tier is written by clients"
+        elif mode is GrantMode.WRITE and not self._write_open(grant.segment_id, grant.generation):
+            problem = (
+                "write grant ended: its put was committed, revoked or removed (or timed out); "
+                "start a new put"
+            )
         if problem is not None:
             self.denied += 1
             raise refusal(problem)
         assert grant is not None
         return grant.segment_id
+
+    def _write_open(self, segment_id: int, generation: int) -> bool:
+        fence = self.fences.get(segment_id)
+        return fence is None or fence.admits(generation)
 
 
 class _Connection(asyncio.BufferedProtocol):

@@ -117,7 +117,7 @@ class StoreNode:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         control = self.control = NodeControl(
             self.access.dram, self.access.nvme, self.access.gpu, self._io,
-            tls=tls.client_context() if tls.serves else None,
+            tls=tls.client_context() if tls.serves else None, fences=self.access.fences,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
         control_address = join_host_port(cfg.host, cfg.control_port)

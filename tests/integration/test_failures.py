@@ -33,8 +33,10 @@ from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 
 def put_start(master: str, key: str, size: int):
+    # Over gRPC: the put stays open after this connection closes (a framed connection's
+    # pending puts are revoked when it closes, and their write grants fenced).
     async def call():
-        client = MasterClient(master, timeout_s=5, retry=Retry())
+        client = MasterClient(master, timeout_s=5, retry=Retry(), framed=False)
         try:
             return (await client.put_start([PutSpec(key, size, 1)]))[0]
         finally:

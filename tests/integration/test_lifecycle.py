@@ -13,10 +13,15 @@ import pytest
 import xxhash
 
 from mooncake_store import ChecksumMismatchError, Client
-from mooncake_store.client.master_client import MasterClient, put_end_call
+from mooncake_store.client.master_client import (
+    MasterClient,
+    put_end_call,
+    put_revoke_call,
+    remove_call,
+)
 from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
-from mooncake_store.common.errors import OK, MooncakeError
+from mooncake_store.common.errors import OK, AccessDeniedError, MooncakeError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
 
@@ -167,3 +172,38 @@ def test_abandoned_puts_of_a_closed_connection_neither_evict_nor_block(cluster2)
         store.put_many(later)  # no NoSpaceError
         assert store.get("later/39") == later["later/39"]
         store.remove_many([*kept, *later])
+
+
+def test_write_grants_end_with_their_put(cluster2):
+    """A write grant stops working once its put was committed, revoked or removed."""
+    master = cluster2.master_address
+
+    async def run() -> None:
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            value = os.urandom(8192)
+            specs = [PutSpec(k, len(value), 1) for k in ("ended", "revoked", "removed")]
+            plans = await client.put_start(specs)
+            locs = {s.key: p.replicas[0] for s, p in zip(specs, plans, strict=True)}
+            for loc in locs.values():
+                assert send(loc, Op.WRITE, loc.offset, value) == OK  # while the put is open
+            digest = xxhash.xxh3_64_intdigest(value)
+            await client.run(put_end_call([("ended", digest, []), ("removed", digest, [])]))
+            await client.run(put_revoke_call(["revoked"]))
+            await client.run(remove_call(["removed"]))
+
+            def refused(key: str, payload: bytes = b"") -> bool:  # empty: changes nothing
+                loc = locs[key]
+                return send(loc, Op.WRITE, loc.offset, payload) == AccessDeniedError.code
+
+            for key in locs:  # the master fences the nodes within a tick
+                await asyncio.to_thread(
+                    wait_until, lambda key=key: refused(key), 10.0, 0.05, f"{key}'s grant to end"
+                )
+                assert refused(key, b"late")
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    with Client(master) as store:
+        assert len(store.get("ended")) == 8192  # the refused late writes never landed

@@ -1,0 +1,85 @@
+"""Write fences (pure): when a put's write grant has stopped working on its node.
+
+A WRITE grant names its put's generation (`common/grant.py`).  The master pushes each node a
+fence per DRAM segment after puts ended (each tick): generations below `floor` are ended unless
+listed `open` (puts still being written).  A put that ends without a commit (revoked, timed
+out, its client gone) may still have a write on its way to the node, so its extent is given to
+nobody else until the node has acknowledged a fence that ends it (or the grant's own expiry has
+passed): the free is held here.  A committed put's grants end with the next fence too; its
+extent is freed as usual (only a client misusing its own finished grant could write there, and
+only until that fence).  Generations are unique per put in the
+master's lifetime and start from the wall clock in microseconds, so a restarted master's puts
+never reuse an earlier master's generations.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mooncake_store.master.segments import Segment
+
+
+class HeldFree(NamedTuple):
+    """An extent whose free waits for its put's write grant to end on the node."""
+
+    generation: int  # the put's
+    segment_generation: int
+    offset: int
+    size_bytes: int
+    free_at_s: float  # a read lease may hold it longer
+    until_s: float  # the grant's expiry (with slack): free by then regardless
+
+
+class WriteFences:
+    """Fences the nodes acknowledged, and the frees waiting for them."""
+
+    def __init__(self) -> None:
+        # segment id -> (its generation, floor, open) of the last fence its node acknowledged
+        self._acked: dict[int, tuple[int, int, frozenset[int]]] = {}
+        self._held: dict[int, list[HeldFree]] = {}  # segment id -> frees waiting
+        self.dirty = False  # a put ended since the last fences were taken
+
+    def ended(self, seg: Segment, generation: int) -> bool:
+        """True when the node of `seg` refuses write grants of `generation` now."""
+        acked = self._acked.get(seg.segment_id)
+        if acked is None or acked[0] != seg.generation:
+            return False
+        _, floor, open_ = acked
+        return generation < floor and generation not in open_
+
+    def hold(self, seg: Segment, free: HeldFree) -> None:
+        self._held.setdefault(seg.segment_id, []).append(free)
+
+    def acknowledged(self, seg: Segment, floor: int, open_: frozenset[int]) -> list[HeldFree]:
+        """Record the fence `seg`'s node took; return the held frees it ends (drained)."""
+        self._acked[seg.segment_id] = (seg.generation, floor, open_)
+        held = self._held.get(seg.segment_id)
+        if not held:
+            return []
+        done = [h for h in held if h.generation < floor and h.generation not in open_]
+        if done:
+            self._held[seg.segment_id] = [h for h in held if h not in done]
+        return done
+
+    def expired(self, now: float) -> list[tuple[int, HeldFree]]:
+        """(segment id, free) of held frees whose grant expired anyway (drained)."""
+        out: list[tuple[int, HeldFree]] = []
+        for segment_id, held in list(self._held.items()):
+            keep = [h for h in held if h.until_s > now]
+            out += [(segment_id, h) for h in held if h.until_s <= now]
+            if keep:
+                self._held[segment_id] = keep
+            else:
+                del self._held[segment_id]
+        return out
+
+    def held_extents(self, seg: Segment) -> list[tuple[int, int]]:
+        """(offset, size) of the frees held in this mount of `seg` (for `validate`)."""
+        return [
+            (h.offset, h.size_bytes)
+            for h in self._held.get(seg.segment_id, ())
+            if h.segment_generation == seg.generation
+        ]
+
+    def held_bytes(self) -> int:
+        return sum(h.size_bytes for held in self._held.values() for h in held)
