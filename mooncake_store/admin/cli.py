@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from mooncake_store.admin.keys import keys
+from mooncake_store.admin.ops import drain, nodes, remove, stats
 from mooncake_store.admin.tokens import token
 
 
@@ -17,6 +19,8 @@ def main() -> None:
 
 
 main.add_command(token)
+for command in (nodes, stats, keys, remove, drain):  # admin/ops.py, admin/keys.py
+    main.add_command(command)
 
 
 if __name__ == "__main__":
