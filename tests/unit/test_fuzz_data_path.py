@@ -43,7 +43,8 @@ POOL_BYTES = 64 * 1024
 # The most a request may make the node allocate: a READV's entry table (the pool itself is
 # preallocated and handed out as slices).
 MAX_ALLOC = MAX_READV_ENTRIES * (READV_ENTRY.size + GRANT_BYTES)
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "150"))  # more for a bug hunt
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class RecordingTransport(asyncio.Transport):

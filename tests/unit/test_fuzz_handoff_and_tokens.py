@@ -27,7 +27,8 @@ from mooncake_store.common.errors import AccessDeniedError
 from mooncake_store.common.grant import GRANT_BYTES, verify_grant
 from mooncake_store.common.shm_handoff import HELLO, REFUSED, HandoffRefused, parse_hello
 
-FUZZ = settings(max_examples=200, deadline=None)
+EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "200"))  # more for a bug hunt
+FUZZ = settings(max_examples=EXAMPLES, deadline=None)
 
 
 def _is_open(fd: int) -> bool:
