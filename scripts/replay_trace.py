@@ -176,7 +176,9 @@ def block_value(hash_id: int, block_bytes: int) -> np.ndarray:
 
 def replay_store(requests: list[list[int]], capacity: int, *, policy: str, block_bytes: int,
                  nvme_blocks: int, workdir: str) -> dict:  # fmt: skip
-    master_args = ["--eviction-policy", policy, "--lease-ttl", "20ms"]
+    # One engine whose prefill batch may be most of a tiny pool: let its pending puts evict
+    # for up to 90% of it (the master's default bound is half a pool).
+    master_args = ["--eviction-policy", policy, "--lease-ttl", "20ms", "--max-pending-share", "0.9"]
     node_args: list[str] = []
     if nvme_blocks:
         node_args = ["--nvme-dir", f"{workdir}/nvme", "--nvme", str(nvme_blocks * block_bytes)]

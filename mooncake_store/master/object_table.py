@@ -252,21 +252,25 @@ class ObjectTable(ReplicaRelocation):
         extent = fast[0].allocator.aligned(size_bytes)
         wanted = replicas or self.config.default_replicas
         share = self.config.max_pending_share
-        open_ = [
-            s for s in fast
-            if not s.pending_bytes or s.pending_bytes + extent <= share * s.allocator.capacity_bytes
-        ]  # fmt: skip
-        if not open_:
-            raise NoSpaceError(
-                f"puts started and not yet ended hold {share:.0%} of every node's pool (the "
-                f"master's max_pending_share): end or revoke them, or retry shortly"
-            )
         preferred = {
-            s.node_id for s in open_
+            s.node_id for s in fast
             if s.node_id in preferred_nodes or s.info.node.endpoint in preferred_nodes
         } if preferred_nodes else set()  # fmt: skip
-        chosen = choose_segments(open_, extent, wanted, preferred)
+        # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
+        # may hold (and evict for) at most max_pending_share of a pool.
+        chosen = choose_segments(fast, extent, wanted, preferred)
         if not chosen:
+            open_ = [
+                s for s in fast
+                if not s.pending_bytes
+                or s.pending_bytes + extent <= share * s.allocator.capacity_bytes
+            ]  # fmt: skip
+            if not open_:
+                raise NoSpaceError(
+                    f"puts started and not yet ended hold {share:.0%} of every node's pool (the "
+                    f"master's max_pending_share), so no committed block is evicted for more: "
+                    f"end or revoke them, or retry shortly"
+                )
             chosen = self._evict_for(open_, extent)
         if not chosen:
             leased = sum(
