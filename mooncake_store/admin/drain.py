@@ -14,6 +14,7 @@ import grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.errors import OK
+from mooncake_store.common.tls import grpc_channel
 
 POLL_S = 0.5
 
@@ -32,7 +33,7 @@ def drain_node(client: Any, node_id: str, timeout_s: float) -> dict[str, Any]:
     if node_id not in {n.node_id for n in client.list_nodes()}:
         raise click.ClickException(f"no node {node_id!r} is mounted (see mooncake-admin nodes)")
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(client.master) as channel:
+    with grpc_channel(client.master, client.tls) as channel:
         stub = pb_grpc.MasterServiceStub(channel)
         if not hasattr(stub, "DrainNode"):
             raise DrainUnsupported("drain is not supported by this master (no DrainNode RPC)")

@@ -44,6 +44,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
+from mooncake_store.common.tls import TlsConfig
 
 T = TypeVar("T")
 
@@ -73,6 +74,11 @@ class Client:
     @property
     def master(self) -> str:
         return self._async.master
+
+    @property
+    def tls(self) -> TlsConfig:
+        """The TLS settings of this client's connections (plaintext when none are set)."""
+        return self._async.tls
 
     @property
     def counters(self) -> dict[str, int]:

@@ -136,6 +136,14 @@ class TlsConfig:
 PLAINTEXT = TlsConfig()
 
 
+def grpc_channel(address: str, tls: TlsConfig, options: list[tuple[str, int]] | None = None
+                 ) -> grpc.Channel:  # fmt: skip
+    """A blocking gRPC channel to `address`, over TLS when `tls` is enabled."""
+    if tls.enabled:
+        return grpc.secure_channel(address, tls.grpc_channel_credentials(), options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
 def describe_tls_failure(exc: BaseException, address: str) -> str | None:
     """A one-line explanation when `exc` is a TLS failure talking to `address`, else None."""
     if isinstance(exc, ssl.SSLCertVerificationError):

@@ -8,6 +8,7 @@ verified both ways.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import ssl
@@ -194,3 +195,17 @@ def test_tls_settings_come_from_files_and_environment(tmp_path, ca: TestCA):
     env = {"MOONCAKE_MASTER_TLS_CERT": str(issued.cert), "MOONCAKE_MASTER_TLS_KEY": str(issued.key)}
     master = load_config(MasterConfig, env_prefix="MOONCAKE_MASTER_", environ=env)
     assert master.tls.serves and not master.tls.ca
+
+
+def test_admin_cli_reaches_a_tls_master_with_the_environment(tls_cluster, client_tls):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "MOONCAKE_TLS_CA": client_tls.ca, "MOONCAKE_TLS_CERT": client_tls.cert,
+           "MOONCAKE_TLS_KEY": client_tls.key}  # fmt: skip
+    admin = str(Path(sys.executable).parent / "mooncake-admin")
+    out = subprocess.run([admin, "nodes", "--master", tls_cluster.master_address, "--json"],
+                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert {"node-0", "node-1"} <= {n["node_id"] for n in json.loads(out.stdout)}
