@@ -1,10 +1,56 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_OK: _ClassVar[StatusCode]
+    STATUS_UNKNOWN: _ClassVar[StatusCode]
+    STATUS_SEGMENT_NOT_FOUND: _ClassVar[StatusCode]
+    STATUS_NO_SPACE: _ClassVar[StatusCode]
+    STATUS_INVALID_KEY: _ClassVar[StatusCode]
+    STATUS_INVALID_ARGUMENT: _ClassVar[StatusCode]
+    STATUS_INVALID_VALUE: _ClassVar[StatusCode]
+    STATUS_BUFFER_TOO_SMALL: _ClassVar[StatusCode]
+    STATUS_OBJECT_BUSY: _ClassVar[StatusCode]
+    STATUS_OBJECT_NOT_FOUND: _ClassVar[StatusCode]
+    STATUS_OBJECT_HAS_LEASE: _ClassVar[StatusCode]
+    STATUS_GRANT_EXPIRED: _ClassVar[StatusCode]
+    STATUS_REPLICA_UNAVAILABLE: _ClassVar[StatusCode]
+    STATUS_IDENTITY_MISMATCH: _ClassVar[StatusCode]
+    STATUS_DATA_PATH: _ClassVar[StatusCode]
+    STATUS_CHECKSUM_MISMATCH: _ClassVar[StatusCode]
+    STATUS_ACCESS_DENIED: _ClassVar[StatusCode]
+    STATUS_RPC: _ClassVar[StatusCode]
+    STATUS_MASTER_TIMEOUT: _ClassVar[StatusCode]
+    STATUS_TLS: _ClassVar[StatusCode]
+    STATUS_MASTER_UNAVAILABLE: _ClassVar[StatusCode]
+STATUS_OK: StatusCode
+STATUS_UNKNOWN: StatusCode
+STATUS_SEGMENT_NOT_FOUND: StatusCode
+STATUS_NO_SPACE: StatusCode
+STATUS_INVALID_KEY: StatusCode
+STATUS_INVALID_ARGUMENT: StatusCode
+STATUS_INVALID_VALUE: StatusCode
+STATUS_BUFFER_TOO_SMALL: StatusCode
+STATUS_OBJECT_BUSY: StatusCode
+STATUS_OBJECT_NOT_FOUND: StatusCode
+STATUS_OBJECT_HAS_LEASE: StatusCode
+STATUS_GRANT_EXPIRED: StatusCode
+STATUS_REPLICA_UNAVAILABLE: StatusCode
+STATUS_IDENTITY_MISMATCH: StatusCode
+STATUS_DATA_PATH: StatusCode
+STATUS_CHECKSUM_MISMATCH: StatusCode
+STATUS_ACCESS_DENIED: StatusCode
+STATUS_RPC: StatusCode
+STATUS_MASTER_TIMEOUT: StatusCode
+STATUS_TLS: StatusCode
+STATUS_MASTER_UNAVAILABLE: StatusCode
 
 class Status(_message.Message):
     __slots__ = ("code", "message")
@@ -15,7 +61,7 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReplicaLocation(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "offset", "size_bytes", "grant", "tier")
+    __slots__ = ("node_id", "segment_id", "endpoint", "shm_socket", "offset", "size_bytes", "grant", "tier", "grpc_endpoint")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +70,7 @@ class ReplicaLocation(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     endpoint: str
@@ -32,7 +79,8 @@ class ReplicaLocation(_message.Message):
     size_bytes: int
     grant: bytes
     tier: str
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ..., tier: _Optional[str] = ...) -> None: ...
+    grpc_endpoint: str
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ..., tier: _Optional[str] = ..., grpc_endpoint: _Optional[str] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
     __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s", "soft_pin_ttl_s", "preferred_nodes")
@@ -504,3 +552,47 @@ class FenceWritesRequest(_message.Message):
     FENCES_FIELD_NUMBER: _ClassVar[int]
     fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
     def __init__(self, fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ...) -> None: ...
+
+class WriteChunk(_message.Message):
+    __slots__ = ("grant", "offset", "size_bytes", "data")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    grant: bytes
+    offset: int
+    size_bytes: int
+    data: bytes
+    def __init__(self, grant: _Optional[bytes] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WriteResult(_message.Message):
+    __slots__ = ("status", "checksum", "checksum_str")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_STR_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    checksum: int
+    checksum_str: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., checksum: _Optional[int] = ..., checksum_str: _Optional[str] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("grant", "offset", "size_bytes", "checksum", "checksum_str")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_STR_FIELD_NUMBER: _ClassVar[int]
+    grant: bytes
+    offset: int
+    size_bytes: int
+    checksum: int
+    checksum_str: str
+    def __init__(self, grant: _Optional[bytes] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., checksum_str: _Optional[str] = ...) -> None: ...
+
+class ReadChunk(_message.Message):
+    __slots__ = ("status", "data")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    data: bytes
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...

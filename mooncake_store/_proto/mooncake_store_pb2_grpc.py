@@ -1257,3 +1257,142 @@ class NodeService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class DataServiceStub:
+    """Served by every store node on its gRPC port (ReplicaLocation.grpc_endpoint), so that a
+    client in any language can move bytes with gRPC alone; the Python SDK uses the faster TCP
+    and shared-memory paths.  Access is checked against the same grants as the TCP data path
+    (docs/PROTOCOL.md): a put is PutStart (master) -> Write (each replica's node) -> PutEnd
+    (master); a get is GetReplicaList (master) -> Read (a replica's node).  The master never
+    holds a byte.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Write = channel.stream_unary(
+                '/mooncake_store.v1.DataService/Write',
+                request_serializer=mooncake__store__pb2.WriteChunk.SerializeToString,
+                response_deserializer=mooncake__store__pb2.WriteResult.FromString,
+                _registered_method=True)
+        self.Read = channel.unary_stream(
+                '/mooncake_store.v1.DataService/Read',
+                request_serializer=mooncake__store__pb2.ReadRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.ReadChunk.FromString,
+                _registered_method=True)
+
+
+class DataServiceServicer:
+    """Served by every store node on its gRPC port (ReplicaLocation.grpc_endpoint), so that a
+    client in any language can move bytes with gRPC alone; the Python SDK uses the faster TCP
+    and shared-memory paths.  Access is checked against the same grants as the TCP data path
+    (docs/PROTOCOL.md): a put is PutStart (master) -> Write (each replica's node) -> PutEnd
+    (master); a get is GetReplicaList (master) -> Read (a replica's node).  The master never
+    holds a byte.
+    """
+
+    def Write(self, request_iterator, context):
+        """Write one replica: the first message names the grant, offset and total size (and may carry
+        data); the following ones carry the rest of the bytes in order.  The reply gives the
+        chunked checksum (docs/CHECKSUM.md) of what the node received, to compare with your own or
+        to pass to PutEnd.  Nothing is visible until PutEnd commits it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Read(self, request, context):
+        """Read one replica, in chunks of at most 1 MiB.  With `checksum` set (from GetReplicaList)
+        the node verifies the bytes first and answers CHECKSUM_MISMATCH instead of sending them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DataServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Write': grpc.stream_unary_rpc_method_handler(
+                    servicer.Write,
+                    request_deserializer=mooncake__store__pb2.WriteChunk.FromString,
+                    response_serializer=mooncake__store__pb2.WriteResult.SerializeToString,
+            ),
+            'Read': grpc.unary_stream_rpc_method_handler(
+                    servicer.Read,
+                    request_deserializer=mooncake__store__pb2.ReadRequest.FromString,
+                    response_serializer=mooncake__store__pb2.ReadChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'mooncake_store.v1.DataService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('mooncake_store.v1.DataService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DataService:
+    """Served by every store node on its gRPC port (ReplicaLocation.grpc_endpoint), so that a
+    client in any language can move bytes with gRPC alone; the Python SDK uses the faster TCP
+    and shared-memory paths.  Access is checked against the same grants as the TCP data path
+    (docs/PROTOCOL.md): a put is PutStart (master) -> Write (each replica's node) -> PutEnd
+    (master); a get is GetReplicaList (master) -> Read (a replica's node).  The master never
+    holds a byte.
+    """
+
+    @staticmethod
+    def Write(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/mooncake_store.v1.DataService/Write',
+            mooncake__store__pb2.WriteChunk.SerializeToString,
+            mooncake__store__pb2.WriteResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Read(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mooncake_store.v1.DataService/Read',
+            mooncake__store__pb2.ReadRequest.SerializeToString,
+            mooncake__store__pb2.ReadChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

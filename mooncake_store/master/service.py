@@ -84,6 +84,7 @@ def _fill_location(
         node.secret, segment_id, offset, size_bytes, expiry_ms(expires_s), mode, generation
     )
     out.tier = info.tier.value
+    out.grpc_endpoint = node.control_endpoint  # the node's gRPC DataService (issue 15)
 
 
 class MasterServicer(pb_grpc.MasterServiceServicer):

@@ -18,12 +18,14 @@ from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
+from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.gpu import GpuHandoff, GpuTier
+from mooncake_store.node.grpc_data import DataServicer
 from mooncake_store.node.master_link import MasterLink
 from mooncake_store.node.memory import available_memory_bytes, memory_problem, progress_logger
 from mooncake_store.node.metrics import node_registry
@@ -112,7 +114,7 @@ class StoreNode:
         if self.gpu is not None:  # same-host readers copy GPU-tier blocks device to device
             self._gpu_handoff = GpuHandoff(self._shm_name, self.gpu, group_gid=cfg.shm_group_gid)
 
-        self._grpc = grpc.aio.server()
+        self._grpc = grpc.aio.server(options=message_options(DEFAULT_MAX_MESSAGE_BYTES))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         control = self.control = NodeControl(
@@ -120,6 +122,8 @@ class StoreNode:
             tls=tls.client_context() if tls.serves else None, fences=self.access.fences,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
+        self.data_service = DataServicer(self.access)  # issue 15: the data path over gRPC
+        pb_grpc.add_DataServiceServicer_to_server(self.data_service, self._grpc)
         control_address = join_host_port(cfg.host, cfg.control_port)
         if tls.serves:
             self.control_port = self._grpc.add_secure_port(
