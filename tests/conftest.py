@@ -10,7 +10,14 @@ import pytest
 from mooncake_store.cluster import LocalCluster
 
 # Short liveness settings so failure tests finish quickly.
-FAST_MASTER = ["--heartbeat-interval", "200ms", "--heartbeat-ttl", "1500ms"]
+FAST_MASTER = [
+    "--heartbeat-interval",
+    "200ms",
+    "--heartbeat-ttl",
+    "1500ms",
+    "--suspect-grace",
+    "1s",
+]
 
 
 def wait_until(

@@ -16,6 +16,7 @@ table that turns it back into the most specific class.
     │   ├── InvalidValueError          (also TypeError) not a buffer, empty, too large
     │   └── BufferTooSmallError        get_into target smaller than the object
     ├── SegmentNotFoundError           master does not know the node/segment
+    ├── IdentityConflictError          a mount claims a live node's id or another's segment id
     ├── NoSpaceError                   no node can hold the object
     ├── ObjectNotFoundError            (also KeyError) no committed object under the key
     ├── ObjectBusyError                a put of the key is in progress
@@ -68,6 +69,13 @@ class BufferTooSmallError(InvalidArgumentError):
 
 class SegmentNotFoundError(MooncakeError):
     code = -101
+
+
+class IdentityConflictError(MooncakeError):
+    """A mount claims the node id of a live node or a segment id another live node owns
+    (Mooncake's SEGMENT_ALREADY_EXISTS).  The mount is refused; the live node is untouched."""
+
+    code = -102
 
 
 class NoSpaceError(MooncakeError):
@@ -152,6 +160,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         InvalidValueError,
         BufferTooSmallError,
         SegmentNotFoundError,
+        IdentityConflictError,
         NoSpaceError,
         ObjectNotFoundError,
         ObjectBusyError,

@@ -46,7 +46,21 @@ class MasterConfig:
     )
     put_timeout_s: float = duration_field(30.0, "A put not ended within this is reclaimed.")
     heartbeat_interval_s: float = duration_field(1.0, "How often nodes heartbeat.")
-    heartbeat_ttl_s: float = duration_field(10.0, "A node silent this long is declared dead.")
+    heartbeat_ttl_s: float = duration_field(
+        10.0,
+        "A node silent this long is suspect: no longer offered to readers and writers, its "
+        "replicas kept (see --suspect-grace).",
+    )
+    suspect_grace_s: float = duration_field(
+        20.0,
+        "A suspect node's replicas are kept this much longer: heard from again within it, the "
+        "node is offered again; silent past it, it is dropped with the replicas.",
+    )
+    liveness_port: int = setting(
+        0,
+        "Port of the heartbeat endpoint (its own threads: client load cannot delay it), learnt "
+        "by nodes at mount; 0 picks a free one, -1 takes heartbeats on --port only.",
+    )
     restore_grace_s: float = duration_field(
         30.0, "After a restart, how long restored replicas wait for their node to mount again."
     )
@@ -128,13 +142,18 @@ class MasterConfig:
             raise InvalidArgumentError(
                 f"--port must be 0-65535 (0 picks a free one), got {self.port}"
             )
-        for name in ("framed_port", "metrics_port"):
+        for name in ("framed_port", "metrics_port", "liveness_port"):
             value = getattr(self, name)
             if not -1 <= value <= 65535:
                 raise InvalidArgumentError(
                     f"--{name.replace('_', '-')} must be 0-65535 (0 picks a free one) or -1 "
                     f"(off), got {value}"
                 )
+        if self.suspect_grace_s < 0:
+            raise InvalidArgumentError(
+                f"--suspect-grace must be >= 0 (0: drop a node at its TTL), "
+                f"got {self.suspect_grace_s}"
+            )
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise InvalidArgumentError(
                 f"--heartbeat-ttl ({self.heartbeat_ttl_s}s) must exceed --heartbeat-interval "

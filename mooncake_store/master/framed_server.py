@@ -12,6 +12,7 @@ later calls on the connection are not held behind it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
+from mooncake_store.common.grpc_options import port_in_use
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
 log = logging.getLogger("mooncake.master")
@@ -153,7 +155,12 @@ class FramedServer:
         """Listen on host:port and on the abstract unix socket `self.unix_name`; the port."""
         loop = asyncio.get_running_loop()
         ssl = self.tls.server_context() if self.tls.serves else None
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=ssl)
+        try:
+            self._server = await loop.create_server(lambda: _Connection(self), host, port, ssl=ssl)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise port_in_use("master's framed endpoint", f"{host}:{port}") from exc
         port = int(self._server.sockets[0].getsockname()[1])
         if self.tls.serves and self.tls.ca and self.tls.require_client_cert:
             # The unix socket would let a same-host process in without a client certificate.

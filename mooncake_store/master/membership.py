@@ -7,9 +7,18 @@ core: no I/O, time from the table's injected clock).
 - Reconciliation: a persistent segment's inventory (the blocks the node reports) is matched
   against what the master knows: vouched-for replicas are kept, unknown blocks adopted, the rest
   dropped.  Replicas restored from RocksDB wait for their segment (an orphan) until it mounts.
-- Liveness: a node that misses heartbeats for `heartbeat_ttl_s` is dropped with its segments;
-  an object left with no replica is deleted.  Orphan segments that do not come back within
-  `restore_grace_s` of the master's start are dropped.
+- Liveness (heartbeats are received off the client loop, see `liveness.py`; every time here is
+  monotonic): a node silent for `heartbeat_ttl_s` is *suspect*: its segments are no longer
+  offered to readers or writers (`segments()`, reads, placement), but its replicas are kept.  A
+  suspect node that heartbeats again (same incarnation) is offered again, its replicas valid as
+  before.  Only a node silent for `heartbeat_ttl_s + suspect_grace_s` is dropped with its
+  segments, and an object is deleted only when its last replica goes with them.  Orphan
+  segments that do not come back within `restore_grace_s` of the master's start are dropped.
+- Identity: a node id and a segment id each belong to one live node.  A mount that claims the
+  id of a node that is still heartbeating (another process under the same --node-id), or a
+  segment id another node owns, is refused with IdentityConflictError naming both; nothing of
+  the existing node changes.  A node whose heartbeats stopped may be replaced by a mount of a
+  new incarnation (it restarted).
 
 `Membership` is a base of `ObjectTable`: dropping a segment drops its replicas from the objects'
 columns, so both share the table's state; this module holds only the rules about nodes and
@@ -18,14 +27,17 @@ segments, `object_table.py` those about objects.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.common.errors import IdentityConflictError
 from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.columns import COMPLETE, PROCESSING, ObjectColumns
 from mooncake_store.master.eviction import EvictionPolicy
+from mooncake_store.master.liveness import Heartbeats
 from mooncake_store.master.objects import Replica
 from mooncake_store.master.segments import NodeInfo, NodeState, Segment, SegmentInfo, Tier
 
@@ -36,6 +48,8 @@ class TickResult:
 
     deleted_keys: list[str] = field(default_factory=list)
     dead_nodes: list[NodeInfo] = field(default_factory=list)
+    suspect_nodes: list[NodeInfo] = field(default_factory=list)  # newly suspect
+    revived_nodes: list[NodeInfo] = field(default_factory=list)  # suspect, heard from again
     reclaimed_puts: list[str] = field(default_factory=list)
 
 
@@ -64,15 +78,20 @@ class Membership(ObjectColumns):
         heartbeat_ttl_s: float,
         restore_grace_s: float,
         alignment: int,
+        suspect_grace_s: float = 0.0,
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         super().__init__()
         self._clock = clock
+        self.heartbeats = heartbeats or Heartbeats(clock)  # written by the liveness thread
         self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._suspect_grace_s = suspect_grace_s
         self._restore_grace_s = restore_grace_s
         self._alignment = alignment
         self._started_s = clock()
         self._nodes: dict[str, NodeState] = {}
-        self._segments: dict[int, Segment] = {}
+        self._segments: dict[int, Segment] = {}  # every mounted segment
+        self._offered: dict[int, Segment] = {}  # those of nodes not suspect: readers, writers
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._mounts = 0  # segment generations handed out (Segment.generation)
 
@@ -80,30 +99,43 @@ class Membership(ObjectColumns):
         self,
         node: NodeInfo,
         segments: Sequence[tuple[SegmentInfo, Sequence[BlockRecord] | None]],
+        *,
+        replace: bool = False,
     ) -> None:
         """Mount a node's segments (idempotent for the same incarnation).
 
         A new incarnation of a known node means it restarted: its old segments are dropped
-        first.  A persistent segment's inventory is reconciled with what the master knows:
-        matching replicas are kept, unknown blocks adopted, missing ones dropped.
+        first.  That is taken for granted when the old one is suspect or had the same data
+        endpoint (two live processes cannot listen on one address); otherwise the caller must
+        have found the old endpoint dead and pass `replace=True`, or the mount is refused.  A
+        persistent segment's inventory is reconciled with what the master knows: matching
+        replicas are kept, unknown blocks adopted, missing ones dropped.
+
+        Raises:
+            IdentityConflictError: the node id or a segment id belongs to another live node.
         """
-        now = self._clock()
         known = self._nodes.get(node.node_id)
         if known is not None and known.info.incarnation == node.incarnation:
-            known.last_heartbeat_s = now
+            self.heartbeats.beat(node.node_id, node.incarnation)
+            if known.suspect:
+                self._revive(known)
             return
+        self._check_identity(node, [info for info, _ in segments], known, replace)
         dropped = TickResult()
         if known is not None:
             self._drop_node(node.node_id, dropped)
-        state = NodeState(node, now)
-        self._nodes[node.node_id] = state
-        for info, inventory in segments:
-            if info.segment_id in self._segments:  # claimed by another node: take it over
+        for info, _ in segments:  # a segment of a node no longer heard from: take it over
+            if info.segment_id in self._segments:
                 self._drop_segment(info.segment_id, dropped)
+        state = NodeState(node)
+        self._nodes[node.node_id] = state
+        self.heartbeats.expect(node.node_id, node.incarnation)
+        for info, inventory in segments:
             allocator = ExtentAllocator(info.size_bytes, alignment=self._alignment)
             self._mounts += 1
             seg = Segment(info, allocator, self._mounts)
             self._segments[info.segment_id] = seg
+            self._offered[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
             restored: list[int] = []
             if info.segment_id in self._orphans:  # its replicas came back from RocksDB
@@ -174,13 +206,51 @@ class Membership(ObjectColumns):
         except ValueError:  # overlaps another extent or lies outside: cannot be trusted
             return False
 
+    def identity_conflict(self, node: NodeInfo) -> NodeInfo | None:
+        """The live node a mount of `node` would replace without proof that it is gone: one
+        under the same id, of another incarnation, heartbeating, at another data endpoint."""
+        known = self._nodes.get(node.node_id)
+        if (
+            known is None
+            or known.suspect
+            or known.info.incarnation == node.incarnation
+            or known.info.endpoint == node.endpoint
+        ):
+            return None
+        return known.info
+
+    def _check_identity(
+        self, node: NodeInfo, infos: Sequence[SegmentInfo], known: NodeState | None, replace: bool
+    ) -> None:
+        """Refuse a mount that claims a live node's id or a segment another live node owns.
+
+        A node counts as live while it is not suspect.  A known node that is suspect, or
+        that the caller found gone (`replace`), may be replaced: that is a restart.
+        """
+        if not replace and self.identity_conflict(node) is not None:
+            assert known is not None
+            other = known.info
+            raise IdentityConflictError(
+                f"node id {node.node_id!r} is taken: a live node (incarnation "
+                f"{other.incarnation:x}, data endpoint {other.endpoint}) is mounted under it; "
+                f"the mount from {node.endpoint} (incarnation {node.incarnation:x}) is refused. "
+                "Give each node its own --node-id"
+            )
+        for info in infos:
+            seg = self._segments.get(info.segment_id)
+            if seg is None or seg.node_id == node.node_id:
+                continue
+            owner = self._nodes.get(seg.node_id)
+            if owner is not None and not owner.suspect:
+                raise IdentityConflictError(
+                    f"segment id {info.segment_id} is owned by live node {seg.node_id!r} "
+                    f"({owner.info.endpoint}); the mount of node {node.node_id!r} "
+                    f"({node.endpoint}) that claims it is refused"
+                )
+
     def heartbeat(self, node_id: str, incarnation: int) -> bool:
         """Refresh a node's liveness; False when the master does not know it (mount again)."""
-        state = self._nodes.get(node_id)
-        if state is None or state.info.incarnation != incarnation:
-            return False
-        state.last_heartbeat_s = self._clock()
-        return True
+        return self.heartbeats.beat(node_id, incarnation)
 
     def unmount(self, node_id: str, incarnation: int) -> list[str]:
         """Drop a node at its request; return the keys deleted with it."""
@@ -192,10 +262,12 @@ class Membership(ObjectColumns):
         return result.deleted_keys
 
     def segments(self) -> list[Segment]:
-        return list(self._segments.values())
+        """The segments offered to readers and writers (not those of suspect nodes)."""
+        return list(self._offered.values())
 
     def segment(self, segment_id: int) -> Segment | None:
-        return self._segments.get(segment_id)
+        """The segment, when it is offered (its node is not suspect)."""
+        return self._offered.get(segment_id)
 
     def node(self, node_id: str) -> NodeState | None:
         return self._nodes.get(node_id)
@@ -203,33 +275,68 @@ class Membership(ObjectColumns):
     def node_segment(self, node_id: str, tier: Tier) -> Segment | None:
         state = self._nodes.get(node_id)
         for segment_id in state.segment_ids if state else ():
-            seg = self._segments.get(segment_id)
+            seg = self._offered.get(segment_id)
             if seg is not None and seg.tier is tier:
                 return seg
         return None
 
     def last_heartbeat(self, node_id: str) -> float:
-        state = self._nodes.get(node_id)
-        return state.last_heartbeat_s if state else 0.0
+        last = self.heartbeats.last(node_id)
+        return 0.0 if last is None else last
+
+    def suspect_nodes(self) -> list[str]:
+        return [node_id for node_id, state in self._nodes.items() if state.suspect]
 
     def _expire(self, now: float, result: TickResult) -> None:
-        """Drop nodes that missed their heartbeats and orphans whose restore grace ended."""
+        """Suspect silent nodes, offer again those heard from, drop those silent past the grace
+        window; drop orphans whose restore grace ended."""
+        ttl_s = self._heartbeat_ttl_s
         for node_id, state in list(self._nodes.items()):
-            if now - state.last_heartbeat_s > self._heartbeat_ttl_s:
+            last = self.heartbeats.last(node_id)
+            silent_s = math.inf if last is None else now - last
+            if silent_s > ttl_s + self._suspect_grace_s:
                 result.dead_nodes.append(state.info)
                 self.counters["nodes_expired"] += 1
                 self._drop_node(node_id, result)
+            elif silent_s > ttl_s:
+                if not state.suspect:
+                    self._suspect(state)
+                    result.suspect_nodes.append(state.info)
+            elif state.suspect:
+                self._revive(state)
+                result.revived_nodes.append(state.info)
         if self._orphans and now - self._started_s > self._restore_grace_s:
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)
 
+    def _suspect(self, state: NodeState) -> None:
+        """Stop offering a silent node's segments; its replicas stay (it may come back)."""
+        state.suspect = True
+        self.counters["nodes_suspected"] += 1
+        for segment_id in state.segment_ids:
+            self._offered.pop(segment_id, None)
+            for slot in self._slots_in(segment_id):  # repairs may start during the window
+                if self._state[slot] == COMPLETE:
+                    self.under_replicated.add(self._key[slot])  # type: ignore[arg-type]
+
+    def _revive(self, state: NodeState) -> None:
+        """A suspect node was heard from again: offer its segments again."""
+        state.suspect = False
+        for segment_id in state.segment_ids:
+            seg = self._segments.get(segment_id)
+            if seg is not None:
+                self._offered[segment_id] = seg
+
     def _drop_node(self, node_id: str, result: TickResult) -> None:
         state = self._nodes.pop(node_id, None)
+        if state is not None:
+            self.heartbeats.forget(node_id)
         for segment_id in state.segment_ids if state else ():
             self._drop_segment(segment_id, result)
 
     def _drop_segment(self, segment_id: int, result: TickResult) -> None:
         seg = self._segments.pop(segment_id, None)
+        self._offered.pop(segment_id, None)
         for move in [m for m in self._moves if m[0] == segment_id]:
             del self._moves[move]  # copies into it are moot: finish_* find it gone
         if seg is not None:

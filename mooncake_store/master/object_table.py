@@ -122,6 +122,7 @@ class ObjectTable(ReplicaRelocation):
         super().__init__(
             clock=clock,
             heartbeat_ttl_s=config.heartbeat_ttl_s,
+            suspect_grace_s=config.suspect_grace_s,
             restore_grace_s=config.restore_grace_s,
             alignment=config.alignment_bytes,
         )
@@ -143,7 +144,8 @@ class ObjectTable(ReplicaRelocation):
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
-                "puts_reclaimed", "gets", "removes", "nodes_expired", "replicas_dropped",
+                "puts_reclaimed", "gets", "removes", "nodes_expired", "nodes_suspected",
+                "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
                 "objects_corrupt",
             ),
@@ -240,7 +242,7 @@ class ObjectTable(ReplicaRelocation):
             # Restored after a master restart but none of its nodes is back: write it again
             # rather than report a put that nobody could read.
             self._delete(slot, 0.0)
-        fast = [s for s in self._segments.values() if s.tier is Tier.DRAM]
+        fast = [s for s in self._offered.values() if s.tier is Tier.DRAM]
         if not fast:
             raise NoSpaceError("no store node is mounted: start a mooncake-store node first")
         largest = max(s.allocator.capacity_bytes for s in fast)
@@ -477,15 +479,16 @@ class ObjectTable(ReplicaRelocation):
             )
         segment_id = self._segment[slot]
         if segment_id != NO_SEGMENT:  # almost every block: one replica, no comprehension
-            seg = self._segments.get(segment_id)
+            seg = self._offered.get(segment_id)
             live = [(seg, Replica(segment_id, self._offset[slot]))] if seg is not None else []
             slow = seg is not None and seg.persistent
         else:
-            live = [(s, r) for r in self._more[slot] if (s := self._segments.get(r.segment_id))]
+            live = [(s, r) for r in self._more[slot] if (s := self._offered.get(r.segment_id))]
             slow = all(s.persistent for s, _ in live)
         if not live:
             raise ReplicaUnavailableError(
-                f"{key!r} is committed but none of its nodes is mounted; retry shortly"
+                f"{key!r} is committed but none of its nodes is mounted and answering "
+                "heartbeats; retry shortly"
             )
         now = self._clock()
         leases = self._lease
@@ -530,8 +533,8 @@ class ObjectTable(ReplicaRelocation):
             return False
         segment_id = self._segment[slot]
         if segment_id != NO_SEGMENT:
-            return segment_id in self._segments
-        return any(r.segment_id in self._segments for r in self._more[slot])
+            return segment_id in self._offered
+        return any(r.segment_id in self._offered for r in self._more[slot])
 
     def prefix_match(self, keys: Iterable[str], fingerprint: bytes = b"") -> int:
         """How many leading `keys` are readable (and of `fingerprint`, when given).
@@ -731,7 +734,10 @@ class ObjectTable(ReplicaRelocation):
             seg.allocator.validate(
                 extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, []) + fenced
             )
-            assert self._nodes[seg.node_id].info == seg.info.node
+            node = self._nodes[seg.node_id]
+            assert node.info == seg.info.node
+            assert (seg.segment_id in self._offered) != node.suspect, "offered iff not suspect"
+        assert all(self._segments.get(i) is s for i, s in self._offered.items())
 
     # ---- internals --------------------------------------------------------------------------
 

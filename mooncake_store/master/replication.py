@@ -61,7 +61,7 @@ class Replication:
             if meta is None or meta.state is not ObjectState.COMPLETE:
                 self.table.under_replicated.discard(key)
                 continue
-            if len(meta.replicas) >= meta.wanted_replicas:
+            if self._offered(meta) >= meta.wanted_replicas:
                 self.table.under_replicated.discard(key)
                 continue
             task = self._copy(meta, "repair")
@@ -98,6 +98,11 @@ class Replication:
             if extra is not None:
                 self.table.drop_replica(key, extra)
                 self.counters["hot_replicas_dropped"] += 1
+
+    def _offered(self, meta: ObjectMeta) -> int:
+        """Replicas on offered segments: those of a suspect node do not count (it may not come
+        back), so repairs start during its grace window (membership.py)."""
+        return sum(1 for r in meta.replicas if self.table.segment(r.segment_id) is not None)
 
     def _copy(self, meta: ObjectMeta, reason: str) -> CopyTask | None:
         if meta.moving:
@@ -136,7 +141,7 @@ class Replication:
         if task.reason == "repair":
             self.counters["repairs"] += 1
             meta = self.table.get(task.key)
-            if meta is not None and len(meta.replicas) >= meta.wanted_replicas:
+            if meta is not None and self._offered(meta) >= meta.wanted_replicas:
                 self.table.under_replicated.discard(task.key)
         else:
             self.counters["hot_replicas_added"] += 1

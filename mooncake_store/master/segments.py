@@ -89,11 +89,13 @@ class Segment:
 
 
 class NodeState:
-    """A live node: its mount info, its segments and when it last heartbeated."""
+    """A mounted node: its mount info, its segments, and whether it is suspect (silent past
+    its heartbeat TTL: its segments are not offered).  Its heartbeats are kept apart, in
+    `liveness.Heartbeats`."""
 
-    __slots__ = ("info", "last_heartbeat_s", "segment_ids")
+    __slots__ = ("info", "segment_ids", "suspect")
 
-    def __init__(self, info: NodeInfo, now: float) -> None:
+    def __init__(self, info: NodeInfo) -> None:
         self.info = info
-        self.last_heartbeat_s = now
         self.segment_ids: list[int] = []
+        self.suspect = False

@@ -17,11 +17,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
-from mooncake_store.common.grpc_options import message_options
+from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
+from mooncake_store.master.liveness import LivenessServer
 from mooncake_store.master.metrics import InstrumentedServicer, master_registry
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable
@@ -117,6 +118,7 @@ class MasterServer:
         self._store: MetadataStore | None = None
         self._server: grpc.aio.Server | None = None
         self._framed: FramedServer | None = None
+        self._liveness: LivenessServer | None = None
         self.framed_port = 0
         self._metrics_server: MetricsServer | None = None
         self.metrics_url = ""
@@ -134,7 +136,7 @@ class MasterServer:
         self._store.start()
         if restored:
             log.info("restored %d committed objects from %s", restored, data_dir)
-        server = grpc.aio.server(options=message_options(self.config.max_message_bytes))
+        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
         self._servicer = MasterServicer(
             self.table, self._store, self.config, self.tiering, self.replication
         )
@@ -145,13 +147,13 @@ class MasterServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)
         tls = self.config.tls
-        if tls.serves:
-            port = server.add_secure_port(address, tls.grpc_server_credentials())
-        else:
-            port = server.add_insecure_port(address)
-        if port == 0:
-            raise OSError(f"cannot bind the master to {address}")
+        port = bind_grpc(server, address, tls, "master")
         await server.start()
+        if self.config.liveness_port >= 0:
+            self._liveness = LivenessServer(self.table.heartbeats, tls=tls)
+            self._servicer.liveness_port = self._liveness.start(
+                self.config.host, self.config.liveness_port
+            )
         if self.config.framed_port >= 0:
             self._framed = FramedServer(
                 InstrumentedServicer(self._servicer, self.metrics, "framed"),
@@ -183,6 +185,9 @@ class MasterServer:
         if self._framed is not None:
             await self._framed.stop(grace_s)
         await server.stop(grace_s)
+        if self._liveness is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._liveness.stop)
+            self._liveness = None
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -217,9 +222,16 @@ class MasterServer:
     async def _tick(self) -> None:
         assert self._store is not None and self._servicer is not None
         result = self.table.tick()
+        for info in result.suspect_nodes:
+            log.warning("node %s missed heartbeats for %.1fs: suspect, not offered; its "
+                        "replicas are kept for %.1fs more", info.node_id,
+                        self.config.heartbeat_ttl_s, self.config.suspect_grace_s)  # fmt: skip
+        for info in result.revived_nodes:
+            log.warning("node %s heartbeats again: offered again, its replicas valid",
+                        info.node_id)  # fmt: skip
         for info in result.dead_nodes:
             log.warning("node %s missed heartbeats for %.1fs: dropped", info.node_id,
-                        self.config.heartbeat_ttl_s)  # fmt: skip
+                        self.config.heartbeat_ttl_s + self.config.suspect_grace_s)  # fmt: skip
         if result.reclaimed_puts:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
         if result.deleted_keys:

@@ -22,6 +22,7 @@ from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import (
     OK,
+    IdentityConflictError,
     InvalidArgumentError,
     MooncakeError,
     ObjectHasLeaseError,
@@ -42,6 +43,19 @@ from mooncake_store.master.tiering import Tiering
 log = logging.getLogger("mooncake.master")
 
 _OK = pb.Status(code=OK)
+
+
+async def _listening(endpoint: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at host:port (a timeout counts as yes)."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+    except TimeoutError:
+        return True
+    except (OSError, ValueError):
+        return False
+    writer.close()
+    return True
 
 
 def _status(exc: MooncakeError) -> pb.Status:
@@ -102,6 +116,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.tiering = tiering
         self.replication = replication
         self.framed_port = 0  # set by the server once the framed endpoint listens
+        self.liveness_port = 0  # set by the server once the heartbeat endpoint listens
         self.framed_socket = ""
         self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
@@ -453,7 +468,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             return pb.MountSegmentResponse(status=_status(InvalidArgumentError(problem)))
         known = self.table.node(node.node_id)
         fresh = known is None or known.info.incarnation != node.incarnation
-        self.table.mount(node, segments)
+        other = self.table.identity_conflict(node)
+        # Another process mounted under this id and still heartbeats.  If its data endpoint
+        # refuses connections it is gone (killed and restarted elsewhere): replace it.
+        replace = other is not None and not await _listening(other.endpoint)
+        try:
+            self.table.mount(node, segments, replace=replace)
+        except IdentityConflictError as exc:
+            log.error("refused the mount of node %s: %s", node.node_id, exc.message)
+            return pb.MountSegmentResponse(status=_status(exc))
         await self.persist_dirty()
         if fresh:
             log.info(
@@ -464,7 +487,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 ", ".join(f"{i.tier.value} {i.size_bytes} bytes" for i, _ in segments),
             )
         return pb.MountSegmentResponse(
-            status=_OK, heartbeat_interval_s=self.config.heartbeat_interval_s
+            status=_OK,
+            heartbeat_interval_s=self.config.heartbeat_interval_s,
+            liveness_port=self.liveness_port,
         )
 
     async def Heartbeat(

@@ -1,10 +1,14 @@
 """The node's link to the master: mount, heartbeats from a dedicated thread, unmount.
 
 Heartbeats run on their own thread with a blocking gRPC channel, so a busy event loop (a burst
-of large transfers) cannot starve them and get a live node declared dead.  When the master does
-not know the node (it restarted, or it declared the node dead after a stall), the thread mounts
-again with the same incarnation and a fresh inventory of the persistent tiers, which lets a
-restarted master rebuild its allocators from the replicas it reloaded.
+of large transfers) cannot starve them and get a live node declared dead.  They go to the port
+the master names in its MountSegment reply (its heartbeat endpoint, served on threads of its
+own so that client load on the master cannot delay them either), or to the main port.  When
+the master does not know the node (it restarted, or it declared the node dead after a stall),
+the thread mounts again with the same incarnation and a fresh inventory of the persistent
+tiers, which lets a restarted master rebuild its allocators from the replicas it reloaded.  A
+mount refused because another live node holds this node's id (IdentityConflictError) is kept
+in `conflict`: the daemon exits with it instead of fighting the other node for the id.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.common.errors import OK, SegmentNotFoundError
+from mooncake_store.common.errors import OK, IdentityConflictError, SegmentNotFoundError
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
@@ -37,18 +41,38 @@ class MasterLink:
         first = build_mount()
         self.node_id = first.node_id
         self.incarnation = first.incarnation
-        options = message_options(256 * 1024 * 1024)
-        if tls.serves:  # a node with TLS talks TLS to its master, presenting its certificate
-            self._channel = grpc.secure_channel(master, tls.grpc_channel_credentials(), options)
-        else:
-            self._channel = grpc.insecure_channel(master, options=options)
+        self._tls = tls
+        self._channel = self._open(master)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
+        self._beat_channel: grpc.Channel | None = None  # to the heartbeat endpoint
+        self._beat_address = ""
+        self._beat_stub = self._stub
+        self.conflict = ""  # why the master refused this node's identity, if it did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.interval_s = 1.0
         self.mounted = threading.Event()
         self.refusal = ""  # the master's reason when it refused the last mount
         self.heartbeats = 0
+
+    def _open(self, address: str) -> grpc.Channel:
+        options = message_options(256 * 1024 * 1024)
+        if self._tls.serves:  # a node with TLS talks TLS to its master, presenting its cert
+            return grpc.secure_channel(address, self._tls.grpc_channel_credentials(), options)
+        return grpc.insecure_channel(address, options=options)
+
+    def _use_liveness_port(self, port: int) -> None:
+        """Send heartbeats to the master's heartbeat endpoint (`port` on the master's host)."""
+        address = f"{self.master.rpartition(':')[0]}:{port}" if port else ""
+        if address == self._beat_address:
+            return
+        if self._beat_channel is not None:
+            self._beat_channel.close()
+        self._beat_channel, self._beat_address = None, address
+        self._beat_stub = self._stub
+        if address:
+            self._beat_channel = self._open(address)
+            self._beat_stub = pb_grpc.MasterServiceStub(self._beat_channel)
 
     def mount(self, timeout_s: float) -> bool:
         """Mount the node's segments; False (and a log line) when the master is unreachable."""
@@ -61,12 +85,16 @@ class MasterLink:
             self.mounted.clear()
             return False
         if reply.status.code != OK:
-            log.error("master %s refused the mount: %s", self.master, reply.status.message)
             self.refusal = reply.status.message
+            if reply.status.code == IdentityConflictError.code:
+                self.conflict = reply.status.message  # the daemon exits with it: one line
+                return False
+            log.error("master %s refused the mount: %s", self.master, reply.status.message)
             return False
         self.refusal = ""
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
+        self._use_liveness_port(reply.liveness_port)
         if not self.mounted.is_set():
             log.info("mounted on master %s as %s (%d segments)", self.master, self.node_id,
                      len(request.segments))  # fmt: skip
@@ -83,9 +111,11 @@ class MasterLink:
                 continue
             request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
-                reply = self._stub.Heartbeat(request, timeout=max(self.interval_s, 1.0))
+                reply = self._beat_stub.Heartbeat(request, timeout=max(self.interval_s, 1.0))
             except grpc.RpcError as exc:
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
+                if self._beat_channel is not None:  # the master may have restarted: ask again
+                    self.mounted.clear()
                 continue
             self.heartbeats += 1
             if reply.status.code == SegmentNotFoundError.code:
@@ -103,4 +133,6 @@ class MasterLink:
                 self._stub.UnmountSegment(request, timeout=2)
             except grpc.RpcError as exc:
                 log.warning("unmount from %s failed: %s", self.master, exc.code().name)
+        if self._beat_channel is not None:
+            self._beat_channel.close()
         self._channel.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
-from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
+from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
@@ -72,6 +73,8 @@ class StoreNode:
         self._health: health.aio.HealthServicer | None = None
         self._link: MasterLink | None = None
         self._tracker: asyncio.Task[None] | None = None
+        self.refused = asyncio.Event()  # the master refused this node's identity (`conflict`)
+        self.conflict = ""
 
     async def start(self) -> int:
         if self.port is not None:
@@ -100,9 +103,14 @@ class StoreNode:
             self.access.gpu[self.gpu.segment_id] = self.gpu
             inventory_note += f", {format_size(cfg.gpu_bytes)} GPU"
         tls = cfg.tls
-        self._data_server = await start_data_server(
-            self.access, cfg.host, cfg.port, tls.server_context() if tls.serves else None
-        )
+        try:
+            self._data_server = await start_data_server(
+                self.access, cfg.host, cfg.port, tls.server_context() if tls.serves else None
+            )
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise port_in_use("node's data port", join_host_port(cfg.host, cfg.port)) from exc
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
@@ -114,7 +122,7 @@ class StoreNode:
         if self.gpu is not None:  # same-host readers copy GPU-tier blocks device to device
             self._gpu_handoff = GpuHandoff(self._shm_name, self.gpu, group_gid=cfg.shm_group_gid)
 
-        self._grpc = grpc.aio.server(options=message_options(DEFAULT_MAX_MESSAGE_BYTES))
+        self._grpc = grpc.aio.server(options=server_options())  # default message caps: 64 MiB
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         control = self.control = NodeControl(
@@ -125,12 +133,7 @@ class StoreNode:
         self.data_service = DataServicer(self.access)  # issue 15: the data path over gRPC
         pb_grpc.add_DataServiceServicer_to_server(self.data_service, self._grpc)
         control_address = join_host_port(cfg.host, cfg.control_port)
-        if tls.serves:
-            self.control_port = self._grpc.add_secure_port(
-                control_address, tls.grpc_server_credentials()
-            )
-        else:
-            self.control_port = self._grpc.add_insecure_port(control_address)
+        self.control_port = bind_grpc(self._grpc, control_address, tls, "node's control port")
         await self._grpc.start()
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.description = (
@@ -189,6 +192,9 @@ class StoreNode:
         """Report SERVING on the health service once (and while) the node is mounted."""
         serving = None
         while self._link is not None and self._health is not None:
+            if self._link.conflict:  # another live node took this id: stop, do not fight
+                self.conflict = self._link.conflict
+                self.refused.set()
             now = self._link.mounted.is_set()
             if now != serving:
                 status = (
@@ -278,6 +284,10 @@ async def serve(config: NodeConfig) -> None:
         f"{node.metrics_url}",
         flush=True,
     )
-    await stop.wait()
+    refused = loop.create_task(node.refused.wait())
+    await asyncio.wait([loop.create_task(stop.wait()), refused], return_when="FIRST_COMPLETED")
+    if refused.done():  # another live node holds this node's id (after a master restart)
+        await node.stop(unmount=False)
+        raise StartupError(f"master {config.master} refused this node: {node.conflict}")
     log.info("shutting down")
     await node.stop()

@@ -158,6 +158,7 @@ MOONCAKE_CODES = {
 # What each shared number means here: the class that carries it.
 SAME_MEANING = {
     "INTERNAL_ERROR": "MooncakeError", "SEGMENT_NOT_FOUND": "SegmentNotFoundError",
+    "SEGMENT_ALREADY_EXISTS": "IdentityConflictError",
     "NO_AVAILABLE_HANDLE": "NoSpaceError", "INVALID_KEY": "InvalidKeyError",
     "INVALID_PARAMS": "InvalidArgumentError", "REPLICA_IS_NOT_READY": "ObjectBusyError",
     "OBJECT_NOT_FOUND": "ObjectNotFoundError", "OBJECT_HAS_LEASE": "ObjectHasLeaseError",

@@ -48,7 +48,13 @@ def clock():
 @pytest.fixture
 def table(clock):
     t = ObjectTable(
-        TableConfig(lease_ttl_s=5, put_timeout_s=30, heartbeat_ttl_s=10, restore_grace_s=60),
+        TableConfig(
+            lease_ttl_s=5,
+            put_timeout_s=30,
+            heartbeat_ttl_s=10,
+            restore_grace_s=60,
+            suspect_grace_s=0,
+        ),  # dropped at the TTL (grace: test_membership.py)
         clock=clock,
     )
     for i in range(3):
@@ -460,7 +466,9 @@ def test_random_operations_never_serve_wrong_metadata(seed, policy):
     rng = random.Random(seed)
     clock = Clock()
     t = ObjectTable(
-        TableConfig(lease_ttl_s=2, put_timeout_s=5, heartbeat_ttl_s=3, restore_grace_s=5),
+        TableConfig(
+            lease_ttl_s=2, put_timeout_s=5, heartbeat_ttl_s=3, restore_grace_s=5, suspect_grace_s=0
+        ),
         clock=clock,
         policy=make_policy(policy),
     )

@@ -1,0 +1,116 @@
+"""Node liveness that client load cannot starve: heartbeats land on their own thread.
+
+The master serves clients on one asyncio loop.  A legal but heavy load (100k-key lookups back to
+back, a pipelined burst) can hold that loop for seconds; if heartbeats were answered there, the
+master would stop hearing its nodes and declare them dead.  So heartbeats are received by a
+small gRPC server of their own (`LivenessServer`, a thread pool on its own port, which nodes
+learn from the MountSegment reply) and recorded in `Heartbeats`, a thread-safe map the object
+table's tick reads.  The tick may itself run late under load, but it judges a node by when its
+heartbeats actually arrived, on the monotonic clock, so a late tick never finds a live node
+silent.
+
+The rules built on these times (suspect after `heartbeat_ttl_s`, dropped after the grace window)
+are in `membership.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.errors import OK, SegmentNotFoundError
+from mooncake_store.common.grpc_options import bind_grpc, server_options
+from mooncake_store.common.tls import PLAINTEXT, TlsConfig
+
+log = logging.getLogger("mooncake.master")
+
+
+class Heartbeats:
+    """When each mounted node (of one incarnation) last heartbeated; safe to use from any thread.
+
+    `clock` is monotonic (injected: tests drive it by hand).
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[int, float]] = {}  # node id -> (incarnation, last beat)
+
+    def expect(self, node_id: str, incarnation: int) -> None:
+        """A node (re)mounted: count it as heard from now."""
+        with self._lock:
+            self._last[node_id] = (incarnation, self._clock())
+
+    def beat(self, node_id: str, incarnation: int) -> bool:
+        """Record a heartbeat; False when this incarnation of the node is not mounted."""
+        now = self._clock()
+        with self._lock:
+            known = self._last.get(node_id)
+            if known is None or known[0] != incarnation:
+                return False
+            self._last[node_id] = (incarnation, now)
+            return True
+
+    def forget(self, node_id: str) -> None:
+        with self._lock:
+            self._last.pop(node_id, None)
+
+    def last(self, node_id: str) -> float | None:
+        """The node's last heartbeat (monotonic seconds), None when it is not mounted."""
+        with self._lock:
+            known = self._last.get(node_id)
+        return None if known is None else known[1]
+
+
+class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
+    """Only Heartbeat; every other method of the service is UNIMPLEMENTED on this port."""
+
+    def __init__(self, heartbeats: Heartbeats) -> None:
+        self.heartbeats = heartbeats
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
+        if self.heartbeats.beat(request.node_id, request.incarnation):
+            return pb.HeartbeatResponse(status=pb.Status(code=OK))
+        exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
+        return pb.HeartbeatResponse(status=pb.Status(code=exc.code, message=exc.message))
+
+
+class LivenessServer:
+    """The heartbeat endpoint: a gRPC server on its own threads and port (port 0: a free one).
+
+    Example:
+        server = LivenessServer(heartbeats)
+        port = server.start("127.0.0.1", 0)
+        ...
+        server.stop()
+    """
+
+    def __init__(self, heartbeats: Heartbeats, *, tls: TlsConfig = PLAINTEXT) -> None:
+        self.heartbeats = heartbeats
+        self._tls = tls
+        self._server: grpc.Server | None = None
+        self.port = 0
+
+    def start(self, host: str, port: int) -> int:
+        """Listen on host:port; return the bound port.  Raises OSError ("port in use")."""
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix="liveness"),
+            options=server_options(),
+        )
+        pb_grpc.add_MasterServiceServicer_to_server(_HeartbeatServicer(self.heartbeats), server)
+        bound = bind_grpc(server, f"{host}:{port}", self._tls, "master's heartbeat endpoint")
+        server.start()
+        self._server = server
+        self.port = bound
+        return bound
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None
