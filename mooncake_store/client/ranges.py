@@ -12,25 +12,35 @@ over 1 MiB chunks):
   touches, compares it with its verified digest, and copies only the requested bytes.  A chunk
   that no longer matches fails the read (ChecksumMismatchError): unverified bytes are never
   returned.
-- **Other hosts** (TCP): a node hands out whole extents, so the first ranged read of an object
-  in a session fetches the object once into a buffer the session owns, verified whole like any
-  get; every later range of it is a copy from that verified buffer.  Over a whole layer-wise
-  load this moves each object once, as one get would.
+- **Other hosts** (TCP): opening the session asks the node for the object's chunk digests
+  (the data path's DIGESTS request: the node hashes the extent in place and sends 8 bytes per
+  MiB), kept once they combine into the stored checksum.  A ranged read then fetches only the
+  1 MiB chunks the range touches, checks each against its digest, and copies the requested
+  bytes out.  Where a node cannot answer DIGESTS (an NVMe or GPU replica, an older node), the
+  first ranged read fetches the object once, verified whole, and later ranges copy from it.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from mooncake_store.client.master_client import get_replica_list_call
-from mooncake_store.client.steps import Flow, LocalPools, MapPools, Transfer, Transfers
+from mooncake_store.client.steps import (
+    Flow,
+    LocalPools,
+    MapPools,
+    Transfer,
+    Transfers,
+    as_writable,
+)
 from mooncake_store.client.transport import Hasher
 from mooncake_store.client.types import ReplicaList, ReplicaLocation
-from mooncake_store.common.checksum import CHUNK_BYTES, chunk_digest, combine
+from mooncake_store.common.checksum import CHUNK_BYTES, chunk_count, chunk_digest, combine
 from mooncake_store.common.errors import (
     ChecksumMismatchError,
     InvalidArgumentError,
@@ -50,8 +60,12 @@ class _Entry:
 
     info: ReplicaList
     local: ReplicaLocation | None = None  # a mapped same-host replica, verified in place
-    digests: list[int] = field(default_factory=list)  # its verified chunk digests
+    remote: int = 0  # the segment of a TCP replica whose digests were verified (0: none)
+    digests: list[int] = field(default_factory=list)  # the verified chunk digests
     copy: np.ndarray | None = None  # the verified whole object (fetched over TCP)
+
+    def replica(self, segment_id: int) -> ReplicaLocation | None:
+        return next((r for r in self.info.replicas if r.segment_id == segment_id), None)
 
 
 @dataclass(slots=True)
@@ -93,7 +107,40 @@ class RangeFlows(LocalPools):
             session.entries[key] = result if isinstance(result, MooncakeError) else _Entry(result)
             if isinstance(result, ReplicaList):
                 session.entries[key] = self._verify_in_place(key, _Entry(result))
+        remote = [
+            (k, e) for k, e in session.entries.items()
+            if isinstance(e, _Entry) and e.local is None
+        ]  # fmt: skip
+        if remote:
+            yield from self._fetch_digests(remote)
         return session
+
+    def _fetch_digests(self, entries: list[tuple[str, _Entry]]) -> Flow[None]:
+        """Ask a DRAM replica's node for each object's chunk digests; keep them when they
+        combine into the stored checksum (one chunk: the checksum is its digest)."""
+        asks: list[tuple[_Entry, ReplicaLocation, bytearray]] = []
+        for _, entry in entries:
+            info = entry.info
+            loc = next((r for r in info.replicas if r.tier == "DRAM"), None)
+            if loc is None:
+                continue
+            if info.size_bytes <= CHUNK_BYTES:
+                entry.remote, entry.digests = loc.segment_id, [info.checksum]
+                continue
+            asks.append((entry, loc, bytearray(8 * chunk_count(info.size_bytes))))
+        if not asks:
+            return
+        errors = yield Transfers(
+            [Transfer(Op.DIGESTS, loc, memoryview(buf)) for _, loc, buf in asks]
+        )
+        for (entry, loc, buf), err in zip(asks, errors, strict=True):
+            if err is not None:
+                continue  # the first ranged read fetches it whole instead
+            digests = list(struct.unpack(f"<{len(buf) // 8}Q", buf))
+            if combine(digests, entry.info.size_bytes) == entry.info.checksum:
+                entry.remote, entry.digests = loc.segment_id, digests
+            else:
+                self.counters["checksum_failures"] += 1
 
     def _verify_in_place(self, key: str, entry: _Entry) -> _Entry | MooncakeError:
         """Hash a mapped replica's chunks in the pool; keep the digests when they combine to
@@ -123,20 +170,86 @@ class RangeFlows(LocalPools):
             raise InvalidArgumentError("this read session is closed; open a new one")
         if time.monotonic() - session.leased_at > RENEW_AFTER_S:
             yield from self._renew(session)
+        chunked = yield from self._read_chunks(session, reads)
         fetch = [
             key for key, _ in reads
             if isinstance(e := session.entries.get(key), _Entry) and e.local is None
-            and e.copy is None
+            and e.copy is None and key not in chunked
         ]  # fmt: skip
         if fetch:
             yield from self._fetch_whole(session, list(dict.fromkeys(fetch)))
         out: list[list[int | MooncakeError]] = []
-        for key, ranges in reads:
+        for n, (key, ranges) in enumerate(reads):
             error = session.error(key)
             results: list[int | MooncakeError] = []
-            for dest, offset in ranges:
-                results.append(error or self._copy_range(key, session.entries[key], dest, offset))  # type: ignore[arg-type]
+            for r, (dest, offset) in enumerate(ranges):
+                if error is not None:
+                    results.append(error)
+                elif (n, r) in chunked.get(key, {}):
+                    results.append(chunked[key][n, r])
+                else:
+                    entry = session.entries[key]
+                    assert isinstance(entry, _Entry)
+                    results.append(self._copy_range(key, entry, dest, offset))
             out.append(results)
+        return out
+
+    def _read_chunks(
+        self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
+    ) -> Flow[dict[str, dict[tuple[int, int], int | MooncakeError]]]:
+        """The ranges of objects read over TCP with verified digests: fetch the chunks each
+        range touches (only those), check each against its digest, copy the range out.  Per
+        key, per (read, range) index: the bytes copied or the error."""
+        plans = []
+        for n, (key, ranges) in enumerate(reads):
+            entry = session.entries.get(key)
+            if not isinstance(entry, _Entry) or entry.local is not None or not entry.remote:
+                continue
+            loc = entry.replica(entry.remote)
+            if loc is None:
+                continue
+            for r, (dest, offset) in enumerate(ranges):
+                view = as_writable(dest)
+                size = entry.info.size_bytes
+                if offset < 0 or offset + len(view) > size or not len(view):
+                    continue  # _copy_range reports it
+                start = offset // CHUNK_BYTES * CHUNK_BYTES
+                stop = min(size, -(-(offset + len(view)) // CHUNK_BYTES) * CHUNK_BYTES)
+                staging = np.empty(stop - start, dtype=np.uint8)
+                part = replace(loc, offset=loc.offset + start, size_bytes=stop - start)
+                plans.append((key, n, r, entry, view, offset, start, staging, part))
+        out: dict[str, dict[tuple[int, int], int | MooncakeError]] = {}
+        if not plans:
+            return out
+        errors = yield Transfers(
+            [Transfer(Op.READ, p[8], memoryview(p[7])) for p in plans]  # type: ignore[arg-type]
+        )
+        for (key, n, r, entry, view, offset, start, staging, _), err in zip(
+            plans, errors, strict=True
+        ):
+            result: int | MooncakeError
+            if err is not None:
+                result = err
+            else:
+                result = len(view)
+                data = memoryview(staging)  # type: ignore[arg-type]
+                for at in range(0, len(data), CHUNK_BYTES):
+                    if (
+                        chunk_digest(data[at : at + CHUNK_BYTES])
+                        != entry.digests[(start + at) // CHUNK_BYTES]
+                    ):
+                        self.counters["checksum_failures"] += 1
+                        result = ChecksumMismatchError(
+                            f"chunk {(start + at) // CHUNK_BYTES} of {key!r} failed its digest"
+                        )
+                        break
+                else:
+                    view[:] = data[offset - start : offset - start + len(view)]
+                    self.counters["tcp_reads"] += 1
+                    self.counters["range_bytes_fetched"] = self.counters.get(
+                        "range_bytes_fetched", 0
+                    ) + len(data)
+            out.setdefault(key, {})[n, r] = result
         return out
 
     def _renew(self, session: ReadSession) -> Flow[None]:
@@ -188,14 +301,14 @@ class RangeFlows(LocalPools):
     def _copy_range(
         self, key: str, entry: _Entry, dest: object, offset: int
     ) -> int | MooncakeError:
-        from mooncake_store.client.steps import as_writable
-
         view = as_writable(dest)
         size = entry.info.size_bytes
         if offset < 0 or offset + len(view) > size:
             return InvalidArgumentError(
                 f"range [{offset}, +{len(view)}) lies outside {key!r} ({size} bytes)"
             )
+        if not len(view):
+            return 0
         if entry.copy is not None:
             view[:] = memoryview(entry.copy)[offset : offset + len(view)]  # type: ignore[arg-type]
             return len(view)

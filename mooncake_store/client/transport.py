@@ -579,7 +579,7 @@ class BlockingNodeConnections:
             raise _StaleConnection() from exc
         except OSError as exc:
             raise self._failed(loc, exc) from exc
-        reads, fed = flatten([buffer], [hasher]) if op is Op.READ else ([], [])
+        reads, fed = flatten([buffer], [hasher]) if op is not Op.WRITE else ([], [])
         refused = self._receive(sock, loc, reads, fed, first=True)
         if refused is not None:
             raise refused
@@ -619,7 +619,7 @@ class BlockingNodeConnections:
             broken: MooncakeError | None = failure
             for n, (_, _, items) in enumerate(requests[:sent]):
                 loc, op, _ = transfers[items[0]]
-                read_items = [i for i in items if transfers[i][1] is Op.READ]
+                read_items = [i for i in items if transfers[i][1] is not Op.WRITE]
                 reads, fed_reads = flatten(
                     [transfers[i][2] for i in read_items], [fed[i] for i in read_items]
                 )

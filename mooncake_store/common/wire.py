@@ -15,6 +15,11 @@ size_bytes = the number of entries, followed by the entries, each
 with every grant_len equal (the client sends the master's fixed-size grants).  The reply is one
 response header with size_bytes = the sum of the sizes, then the extents back to back; if any
 entry is refused, the reply is that one error and nothing is sent.
+
+DIGESTS (issue 13) asks for the checksum chunk digests of a granted DRAM extent instead of its
+bytes: a READ's request, and a reply of le64 xxh3_64 digests of the extent's 1 MiB chunks
+(docs/CHECKSUM.md), hashed by the node in place.  With them a client verifies a ranged read
+while moving only the chunks the range touches.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Op(IntEnum):
     WRITE = 2
     PING = 3
     READV = 4
+    DIGESTS = 5  # issue 13: chunk digests of a granted extent (ranged reads)
 
 
 READV_ENTRY = struct.Struct("<HQQ")

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
+import struct
 import time
 from concurrent.futures import Executor
 from ssl import SSLContext
 
+from mooncake_store.common.checksum import chunk_digests
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
 from mooncake_store.common.grant import GRANT_BYTES, GrantMode, WriteFence, verify_grant
 from mooncake_store.common.wire import (
@@ -169,6 +171,16 @@ class _Connection(asyncio.BufferedProtocol):
         self._drop_staging()
         if op is Op.PING:
             self._reply(OK, b"")
+            self._expect("header", memoryview(self._header))
+        elif op is Op.DIGESTS:
+            segment_id = self.access.check(grant, offset, size, GrantMode.READ)
+            dram = self.access.dram.get(segment_id)
+            if dram is None:
+                raise DataPathError("DIGESTS serves DRAM segments only; read this one whole")
+            digests = chunk_digests(dram[offset : offset + size]) if size else []
+            assert self.transport is not None
+            self.transport.write(pack_response(OK, 8 * len(digests)))
+            self.transport.write(struct.pack(f"<{len(digests)}Q", *digests))
             self._expect("header", memoryview(self._header))
         elif op is Op.READ:
             segment_id = self.access.check(grant, offset, size, GrantMode.READ)

@@ -101,3 +101,30 @@ def test_remove_without_force_refuses_a_leased_object(store):
 
 def test_codes_are_mooncakes():
     assert ChecksumMismatchError.code == -801 and ObjectNotFoundError.code == -704
+
+
+def test_ranged_reads_move_only_the_touched_chunks(store):
+    rng = np.random.default_rng(11)
+    big = rng.integers(0, 256, 3 * (1 << 20) + 777, dtype=np.uint8)  # four checksum chunks
+    small = rng.integers(0, 256, 5000, dtype=np.uint8)
+    key, key2 = f"{store.path}/ranged/big", f"{store.path}/ranged/small"
+    store.put_many([(key, big), (key2, small)])
+    session = store.read_session([key, key2, f"{store.path}/ranged/none"])
+    assert isinstance(session.error(f"{store.path}/ranged/none"), ObjectNotFoundError)
+    before = store.counters.get("range_bytes_fetched", 0)
+    a, b, c = np.zeros(100, np.uint8), np.zeros(3000, np.uint8), np.zeros(10, np.uint8)
+    out = store.get_ranges_into(
+        session, [(key, [(a, (1 << 20) + 5), (b, (2 << 20) - 1000)]), (key2, [(c, 4990)])]
+    )
+    assert out == [[100, 3000], [10]]
+    assert np.array_equal(a, big[(1 << 20) + 5 : (1 << 20) + 105])
+    assert np.array_equal(b, big[(2 << 20) - 1000 : (2 << 20) + 2000])
+    assert np.array_equal(c, small[4990:])
+    fetched = store.counters.get("range_bytes_fetched", 0) - before
+    if store.path == "tcp":  # one chunk for the first range, two for the second: not the whole
+        assert fetched == 3 * (1 << 20) + 5000
+    else:  # copied from the mapped pool: nothing fetched over the network
+        assert fetched == 0
+    bad = store.get_ranges_into(session, [(key2, [(c, 4995)])])
+    assert isinstance(bad[0][0], ValueError)  # outside the object
+    session.close()
