@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv proto bench bench-compare peers clean lint
+.PHONY: run test venv proto bench bench-compare peers clean lint node-client
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/mooncake-cluster --demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) node-client
 	$(PY) -m pytest -q $(ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The Node.js conformance client's runtime and npm packages (clients/node; see the script).
+node-client:
+	bash scripts/install-node-client.sh
 
 # Regenerate the gRPC stubs from proto/ (the generated files are committed so a fresh clone works).
 proto: $(STAMP)
@@ -48,4 +52,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .peers-venv mooncake-data .pytest_cache
+	rm -rf $(VENV) .peers-venv mooncake-data .pytest_cache clients/node/node_modules

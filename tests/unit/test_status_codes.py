@@ -21,7 +21,7 @@ def test_every_error_code_is_in_the_status_enum_and_back():
     }
     enum = {v.number: v.name for v in pb.DESCRIPTOR.enum_types_by_name["StatusCode"].values}
     assert enum.pop(errors.OK) == "STATUS_OK"
-    assert set(enum) == set(classes), (set(enum) ^ set(classes))
+    assert set(enum) == set(classes), set(enum) ^ set(classes)
     for code, name in classes.items():
         expected = "STATUS_UNKNOWN" if name == "MooncakeError" else "STATUS_" + snake(name)
         assert enum[code] == expected, (code, name)
