@@ -12,6 +12,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_OK: _ClassVar[StatusCode]
     STATUS_UNKNOWN: _ClassVar[StatusCode]
     STATUS_SEGMENT_NOT_FOUND: _ClassVar[StatusCode]
+    STATUS_IDENTITY_CONFLICT: _ClassVar[StatusCode]
     STATUS_NO_SPACE: _ClassVar[StatusCode]
     STATUS_INVALID_KEY: _ClassVar[StatusCode]
     STATUS_INVALID_ARGUMENT: _ClassVar[StatusCode]
@@ -33,6 +34,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 STATUS_OK: StatusCode
 STATUS_UNKNOWN: StatusCode
 STATUS_SEGMENT_NOT_FOUND: StatusCode
+STATUS_IDENTITY_CONFLICT: StatusCode
 STATUS_NO_SPACE: StatusCode
 STATUS_INVALID_KEY: StatusCode
 STATUS_INVALID_ARGUMENT: StatusCode
