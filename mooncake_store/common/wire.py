@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
-MAGIC = 0x4D43  # "MC"
+MAGIC = 0x4D43  # a little-endian u16: wire bytes 43 4D ("CM"); see docs/PROTOCOL.md
 REQUEST = struct.Struct("<HBBHHQQ")
 RESPONSE = struct.Struct("<iIQ")
 
