@@ -67,6 +67,23 @@ MAX_TAG_BYTES = 256
 TableConfig = MasterConfig
 
 
+class Candidates(set[str]):
+    """A set of keys that also lists the keys added since the last `take_added`, so a planner
+    schedules newcomers without rescanning every member each tick."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added: list[str] = []
+
+    def add(self, key: str) -> None:
+        super().add(key)
+        self.added.append(key)
+
+    def take_added(self) -> list[str]:
+        out, self.added = self.added, []
+        return out
+
+
 @dataclass(slots=True)
 class PutStartOutcome:
     already_exists: bool
@@ -139,7 +156,7 @@ class ObjectTable(ReplicaRelocation):
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
-        self.under_replicated: set[str] = set()  # lost a replica: re-replication candidates
+        self.under_replicated: Candidates = Candidates()  # lost a replica: repair candidates
         self.hot_keys: set[str] = set()  # read hot_reads times within a window
         self.counters: dict[str, int] = dict.fromkeys(
             (
@@ -365,7 +382,7 @@ class ObjectTable(ReplicaRelocation):
     def _evict(self, slot: int, seg: Segment) -> None:
         replica = next(r for r in self._replicas(slot) if r.segment_id == seg.segment_id)
         self.counters["evictions"] += 1
-        self._lose_replica(slot, replica)
+        self._lose_replica(slot, replica, ghost=True)
 
     def _intern_fingerprint(self, fingerprint: bytes) -> bytes:
         """One bytes object per engine identity, shared by all its blocks (a cluster has a
@@ -768,8 +785,11 @@ class ObjectTable(ReplicaRelocation):
             seg.generation,
         )  # fmt: skip
 
-    def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None:
-        """Free replicas already taken out of the object in `slot`."""
+    def _free(
+        self, slot: int, replicas: Iterable[Replica], free_at_s: float, *, ghost: bool = False
+    ) -> None:
+        """Free replicas already taken out of the object in `slot`.  `ghost`: an eviction,
+        which the policy remembers (a removed key leaves nothing behind)."""
         key = self._key[slot]
         assert key is not None
         now = self._clock()
@@ -779,7 +799,7 @@ class ObjectTable(ReplicaRelocation):
             if seg is None:  # a restored replica whose segment is not back: nothing held
                 continue
             seg.objects -= 1
-            self.policy.discard(slot, r.segment_id, key)
+            self.policy.discard(slot, r.segment_id, key if ghost else "")
             generation = self._gen[slot]
             if (
                 generation
@@ -875,13 +895,13 @@ class ObjectTable(ReplicaRelocation):
                 revoked.append(key)
         return revoked
 
-    def _lose_replica(self, slot: int, replica: Replica) -> None:
+    def _lose_replica(self, slot: int, replica: Replica, *, ghost: bool = False) -> None:
         """Drop one replica of a committed object; delete the object if it was the last."""
         key = self._key[slot]
         assert key is not None
         replicas = tuple(r for r in self._replicas(slot) if r != replica)
         self._set_replicas(slot, replicas)
-        self._free(slot, [replica], self._protected_until(slot))
+        self._free(slot, [replica], self._protected_until(slot), ghost=ghost)
         self.counters["replicas_dropped"] += 1
         if replicas:
             self._dirty[key] = True

@@ -8,10 +8,17 @@
 Copies go node to node: the destination node pulls the bytes from the source node's data path
 with a read grant from the master, checks the checksum, and only then does the master add the
 replica.  The source is leased for the copy, so it is not evicted or freed meanwhile.
+
+Repairs are scheduled, not rescanned: an under-replicated object is tried when it becomes one;
+when no node can take a copy (or the copy failed) it is tried again after a back-off that
+doubles from `REPAIR_BACKOFF_S` up to `REPAIR_BACKOFF_MAX_S`, and at once when the set of DRAM
+segments changes (a node came or went).  So 40k objects that cannot be repaired cost nothing
+per tick.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -22,6 +29,9 @@ from mooncake_store.master.segments import Segment, Tier
 
 # Replication reads its settings from the master's one config object (master/config.py).
 ReplicationConfig = MasterConfig
+
+REPAIR_BACKOFF_S = 1.0
+REPAIR_BACKOFF_MAX_S = 30.0
 
 
 @dataclass(slots=True)
@@ -46,6 +56,9 @@ class Replication:
         self._clock = clock
         self.hot: set[str] = set()  # objects holding extra (hot) replicas
         self._busy: Collection[str] = ()
+        self._due: list[tuple[float, str]] = []  # (next repair try, key)
+        self._backoff: dict[str, float] = {}  # key scheduled in _due -> its current back-off
+        self._dram_segments: frozenset[tuple[int, int]] = frozenset()
         self.counters = {"repairs": 0, "hot_replicas_added": 0, "hot_replicas_dropped": 0,
                          "copies_failed": 0}  # fmt: skip
 
@@ -54,19 +67,7 @@ class Replication:
         self._busy = busy
         tasks: list[CopyTask] = []
         budget = self.config.max_copies_per_tick
-        for key in list(self.table.under_replicated):
-            if len(tasks) >= budget:
-                break
-            meta = self.table.get(key)
-            if meta is None or meta.state is not ObjectState.COMPLETE:
-                self.table.under_replicated.discard(key)
-                continue
-            if self._offered(meta) >= meta.wanted_replicas:
-                self.table.under_replicated.discard(key)
-                continue
-            task = self._copy(meta, "repair")
-            if task is not None:
-                tasks.append(task)
+        self._repairs(tasks, budget)
         for key in list(self.table.hot_keys):
             self.table.hot_keys.discard(key)
             meta = self.table.get(key)
@@ -78,6 +79,49 @@ class Replication:
                     tasks.append(task)
         self._cool()
         return tasks
+
+    def _schedule(self, key: str, now: float, backoff: float = 0.0) -> None:
+        self._backoff[key] = backoff
+        heapq.heappush(self._due, (now + backoff, key))
+
+    def _repairs(self, tasks: list[CopyTask], budget: int) -> None:
+        """Plan repair copies of the under-replicated objects that are due."""
+        now = self._clock()
+        wanting = self.table.under_replicated
+        for key in wanting.take_added():
+            if key not in self._backoff:
+                self._schedule(key, now)
+        dram = frozenset(
+            (s.segment_id, s.generation) for s in self.table.segments() if s.tier is Tier.DRAM
+        )
+        if dram != self._dram_segments:  # a node came or went: everyone may fit now
+            self._dram_segments = dram
+            self._due = [(now, key) for _, key in self._due]
+            heapq.heapify(self._due)
+        tries = 0
+        while self._due and self._due[0][0] <= now and len(tasks) < budget and tries < 4 * budget:
+            _, key = heapq.heappop(self._due)
+            tries += 1
+            backoff = self._backoff.pop(key, 0.0)
+            meta = self.table.get(key) if key in wanting else None
+            if (
+                meta is None
+                or meta.state is not ObjectState.COMPLETE
+                or self._offered(meta) >= meta.wanted_replicas
+            ):
+                wanting.discard(key)
+                continue
+            task = self._copy(meta, "repair")
+            if task is not None:
+                tasks.append(task)  # `complete` schedules it again if still short
+            else:
+                self._schedule(
+                    key, now, min(max(2 * backoff, REPAIR_BACKOFF_S), REPAIR_BACKOFF_MAX_S)
+                )
+
+    def repairs_waiting(self) -> int:
+        """Under-replicated objects scheduled for a repair try."""
+        return len(self._backoff)
 
     def _cool(self) -> None:
         now = self._clock()
@@ -135,6 +179,11 @@ class Replication:
 
     def complete(self, task: CopyTask, ok: bool) -> bool:
         added = self.table.finish_copy(task.key, task.source, task.dst, task.dst_offset, ok)
+        if task.reason == "repair" and task.key not in self._backoff:
+            if task.key in self.table.under_replicated and not added:  # try again, later
+                self._schedule(task.key, self._clock(), REPAIR_BACKOFF_S)
+            elif task.key in self.table.under_replicated:  # short of more copies: at once
+                self._schedule(task.key, self._clock())
         if not added:
             self.counters["copies_failed"] += 1
             return False

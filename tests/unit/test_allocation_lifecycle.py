@@ -1,9 +1,13 @@
 """Allocations tied to their segment generation: stale frees and copies are logged no-ops
 (issue 11 item 3), with an injected clock and no network."""
 
+import gc
+import tracemalloc
+
 import pytest
 
 from mooncake_store.common.errors import NoSpaceError
+from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 
@@ -174,3 +178,40 @@ def test_a_held_free_happens_once_the_grant_expired_without_a_fence(fenced, cloc
     fenced.tick()
     assert fenced.segment(7).allocator.used_bytes == 0
     assert out.generation
+
+
+def test_a_removed_key_leaves_no_memory_behind(clock):
+    """Put, read and remove many keys twice over: the second round grows nothing (slots are
+    reused, a remove is no eviction for the policy's ghost table, leases end)."""
+    t = ObjectTable(TableConfig(), clock=clock, policy=make_policy("weighted"))
+    node = NodeInfo("node-a", 1, "a:data", "shm-a", "a:ctl", b"k" * 32)
+    t.mount(node, [(SegmentInfo(node, 7, Tier.DRAM, 64 * MiB), None)])
+
+    def cycle(prefix: str, n: int = 2000) -> None:
+        keys = [f"{prefix}/{i:06d}/" + "x" * 64 for i in range(n)]
+        for k in keys:
+            t.put_start(k, 512, 1)
+            t.put_end(k, 1)
+            t.commit_put_end(k)
+            t.read(k)
+        for k in keys:
+            t.remove(k)
+        clock.now += 6  # the read leases end
+        assert t.heartbeat("node-a", 1)
+        t.tick()
+        t.take_dirty()
+        t.read_keys.clear()  # what the tiering planner drains every tick
+        commit(t, f"{prefix}/one-more", size=512)  # compacts the policy's stale heap entries
+        t.remove(f"{prefix}/one-more")
+
+    cycle("warm")
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    cycle("again")
+    gc.collect()
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert t.policy.ghost_size() == 0  # type: ignore[attr-defined]
+    assert grown / 2000 < 64, f"{grown / 2000:.0f} bytes left per removed key"
+    t.validate()

@@ -52,12 +52,43 @@ def test_lost_replicas_are_repaired_on_another_node():
 
 
 def test_a_failed_copy_is_retried_later():
-    table, repl, _ = cluster()
+    table, repl, clock = cluster()
     commit(table, "k", replicas=2)
     table.unmount(nodes_of(table, "k")[0], 1)
     (task,) = repl.plan()
     assert not repl.complete(task, ok=False)
-    assert "k" in table.under_replicated and len(repl.plan()) == 1
+    assert "k" in table.under_replicated and repl.plan() == []  # backs off a while
+    clock.now += 1.0
+    assert len(repl.plan()) == 1
+
+
+def test_objects_that_cannot_be_repaired_are_not_rescanned_every_tick():
+    table, repl, clock = cluster(nodes=2)
+    for i in range(10):
+        commit(table, f"k{i}", replicas=3)  # 2 nodes: short of one replica, forever
+    tried: list[str] = []
+    real_get = table.get
+
+    def counting_get(key):
+        tried.append(key)
+        return real_get(key)
+
+    table.get = counting_get  # type: ignore[method-assign]
+    assert repl.plan() == [] and len(tried) == 10  # each tried once
+    for _ in range(3):
+        clock.now += 0.25  # ticks inside the back-off: nothing is looked at
+        assert repl.plan() == []
+    assert len(tried) == 10
+    clock.now += 1.0
+    repl.plan()
+    assert len(tried) == 20  # the back-off doubles from here
+    clock.now += 1.5
+    repl.plan()
+    assert len(tried) == 20
+    node = NodeInfo("n9", 1, "n9:data", "shm", "n9:control", b"k" * 32)
+    table.mount(node, [(SegmentInfo(node, 999, Tier.DRAM, 64 * MiB), None)])
+    assert len(repl.plan()) == 10  # a node came: everyone is tried at once
+    assert repl.repairs_waiting() == 0
 
 
 def test_best_effort_puts_are_topped_up_when_nodes_allow():
