@@ -6,6 +6,11 @@ a `mooncake-store` child process of this client, with an N-byte DRAM pool, mount
 master.  `close()` stops it with SIGTERM (a node drains what it can on SIGTERM) and waits for
 it; its objects go with it, as a Mooncake client's do when it closes.  The child runs in its own
 session, so a signal to the engine's process group does not stop it before the client does.
+
+A node mounts with a node token, not the engine's client token: the child gets
+`MOONCAKE_NODE_TOKEN` / `MOONCAKE_NODE_TOKEN_FILE` as its `MOONCAKE_TOKEN` / `_FILE` when they
+are set; otherwise the client's token variables are withheld from it, and it finds the node
+token in the master's local token file (same host) like any node.
 """
 
 from __future__ import annotations
@@ -21,6 +26,19 @@ from mooncake_store.cluster import NODE_READY, DaemonProcess
 log = logging.getLogger("mooncake.compat")
 
 MIN_SEGMENT_BYTES = 1 << 20  # a node's pool holds at least one 1 MiB block
+
+
+def node_environment() -> dict[str, str]:
+    """The child node's environment: the engine's, with the node token in place of the
+    client's (see the module docstring)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MOONCAKE_TOKEN", "MOONCAKE_TOKEN_FILE")
+    }
+    for name in ("MOONCAKE_TOKEN", "MOONCAKE_TOKEN_FILE"):
+        node_value = os.environ.get(name.replace("MOONCAKE_", "MOONCAKE_NODE_", 1))
+        if node_value:
+            env[name] = node_value
+    return env
 
 
 class ContributedSegment:
@@ -50,7 +68,7 @@ class ContributedSegment:
             "--node-id", node_id, *(extra_args or []),
         ]  # fmt: skip
         self._process = DaemonProcess(
-            args, self._dir / "node.log", NODE_READY, start_timeout_s, env=dict(os.environ)
+            args, self._dir / "node.log", NODE_READY, start_timeout_s, env=node_environment()
         )
         match = self._process.match
         self.endpoint = f"{match.group(2)}:{match.group(3)}"
