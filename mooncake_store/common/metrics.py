@@ -12,9 +12,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
 
 log = logging.getLogger("mooncake.metrics")
+
+disable_created_metrics()  # no `_created` series beside every counter: they only add noise
 
 # Latency buckets of control calls: ~50 us (a framed call) to 10 s (a stuck commit).
 LATENCY_BUCKETS_S = (
