@@ -600,3 +600,23 @@ class ReadChunk(_message.Message):
     status: Status
     data: bytes
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id", "incarnation")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("status", "remaining", "copying", "saved")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    COPYING_FIELD_NUMBER: _ClassVar[int]
+    SAVED_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    remaining: int
+    copying: int
+    saved: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., remaining: _Optional[int] = ..., copying: _Optional[int] = ..., saved: _Optional[int] = ...) -> None: ...

@@ -149,6 +149,11 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.KeysRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.BatchDescribeResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/DrainNode',
+                request_serializer=mooncake__store__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -302,6 +307,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Issue 11: a node about to stop asks to be drained.  The first call marks it draining (no
+        new puts are placed on it, no copies are made onto it) and the master copies every object
+        whose only replicas are on it to other nodes; each call reports how many are still only
+        there.  The node polls until none is left (or its --drain-timeout), then unmounts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -419,6 +434,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.BatchDescribe,
                     request_deserializer=mooncake__store__pb2.KeysRequest.FromString,
                     response_serializer=mooncake__store__pb2.BatchDescribeResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=mooncake__store__pb2.DrainNodeRequest.FromString,
+                    response_serializer=mooncake__store__pb2.DrainNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1042,6 +1062,33 @@ class MasterService:
             '/mooncake_store.v1.MasterService/BatchDescribe',
             mooncake__store__pb2.KeysRequest.SerializeToString,
             mooncake__store__pb2.BatchDescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/DrainNode',
+            mooncake__store__pb2.DrainNodeRequest.SerializeToString,
+            mooncake__store__pb2.DrainNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -197,6 +197,10 @@ class ObjectColumns:
             slot += 1
         return rows, (slot if slot < len(self._key) else -1)
 
+    def keys_in(self, segment_id: int) -> list[str]:
+        """The keys of every object with a replica in `segment_id`."""
+        return [k for slot in self._slots_in(segment_id) if (k := self._key[slot]) is not None]
+
     def _states(self) -> np.ndarray:
         return np.frombuffer(self._state, dtype=np.uint8) if len(self._state) else np.zeros(0)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -158,6 +158,8 @@ class ObjectTable(ReplicaRelocation):
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: Candidates = Candidates()  # lost a replica: repair candidates
         self.hot_keys: set[str] = set()  # read hot_reads times within a window
+        #: Nodes being drained (drain.py): no new put is placed on them.
+        self.draining: Collection[str] = ()
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
@@ -259,9 +261,15 @@ class ObjectTable(ReplicaRelocation):
             # Restored after a master restart but none of its nodes is back: write it again
             # rather than report a put that nobody could read.
             self._delete(slot, 0.0)
-        fast = [s for s in self._offered.values() if s.tier is Tier.DRAM]
+        fast = [
+            s for s in self._offered.values()
+            if s.tier is Tier.DRAM and s.node_id not in self.draining
+        ]  # fmt: skip
         if not fast:
-            raise NoSpaceError("no store node is mounted: start a mooncake-store node first")
+            raise NoSpaceError(
+                "no store node is mounted (or every one is draining to stop): "
+                "start a mooncake-store node first"
+            )
         largest = max(s.allocator.capacity_bytes for s in fast)
         if size_bytes > largest:
             raise InvalidValueError(

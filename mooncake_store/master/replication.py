@@ -59,8 +59,12 @@ class Replication:
         self._due: list[tuple[float, str]] = []  # (next repair try, key)
         self._backoff: dict[str, float] = {}  # key scheduled in _due -> its current back-off
         self._dram_segments: frozenset[tuple[int, int]] = frozenset()
+        #: Nodes no copy may go to (draining nodes, see drain.py).
+        self.avoid: Collection[str] = ()
+        #: Objects copied off each node by its drain (source node id -> count).
+        self.drained_from: dict[str, int] = {}
         self.counters = {"repairs": 0, "hot_replicas_added": 0, "hot_replicas_dropped": 0,
-                         "copies_failed": 0}  # fmt: skip
+                         "copies_failed": 0, "drain_copies": 0}  # fmt: skip
 
     def plan(self, busy: Collection[str] = ()) -> list[CopyTask]:
         """Copies to start now; nodes in `busy` (copies still in flight) receive none."""
@@ -148,6 +152,12 @@ class Replication:
         back), so repairs start during its grace window (membership.py)."""
         return sum(1 for r in meta.replicas if self.table.segment(r.segment_id) is not None)
 
+    def start_copy(self, meta: ObjectMeta, reason: str, busy: Collection[str]) -> CopyTask | None:
+        """Start one copy of `meta` onto another node (none of `busy`), or None if none can
+        take it now."""
+        self._busy = busy
+        return self._copy(meta, reason)
+
     def _copy(self, meta: ObjectMeta, reason: str) -> CopyTask | None:
         if meta.moving:
             return None
@@ -163,7 +173,8 @@ class Replication:
         extent = sources[0].allocator.aligned(meta.size_bytes)
         targets = [s for s in self.table.segments()
                    if s.tier is Tier.DRAM and s.node_id not in holders
-                   and s.node_id not in self._busy and s.largest_free >= extent]  # fmt: skip
+                   and s.node_id not in self._busy and s.node_id not in self.avoid
+                   and s.largest_free >= extent]  # fmt: skip
         if not targets:
             return None
         dst = max(targets, key=lambda s: s.free_bytes)
@@ -187,7 +198,11 @@ class Replication:
         if not added:
             self.counters["copies_failed"] += 1
             return False
-        if task.reason == "repair":
+        if task.reason == "drain":  # saved from a node about to stop (drain.py)
+            self.counters["drain_copies"] += 1
+            node_id = task.src.node_id
+            self.drained_from[node_id] = self.drained_from.get(node_id, 0) + 1
+        elif task.reason == "repair":
             self.counters["repairs"] += 1
             meta = self.table.get(task.key)
             if meta is not None and self._offered(meta) >= meta.wanted_replicas:

@@ -20,6 +20,7 @@ from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
 from mooncake_store.master.liveness import LivenessServer
@@ -110,6 +111,9 @@ class MasterServer:
         self.mover = NodeMover(
             self.table, self.tiering, timeout_s=config.node_call_timeout_s, tls=config.tls
         )
+        # Nodes about to stop: no puts or copies onto them, their single-copy objects copied off.
+        self.drains = Drains(self.table, self.replication)
+        self.table.draining = self.replication.avoid = self.drains.draining
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
         self._servicer: MasterServicer | None = None
@@ -138,8 +142,9 @@ class MasterServer:
             log.info("restored %d committed objects from %s", restored, data_dir)
         server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
         self._servicer = MasterServicer(
-            self.table, self._store, self.config, self.tiering, self.replication
-        )
+            self.table, self._store, self.config, self.tiering, self.replication,
+            drains=self.drains,
+        )  # fmt: skip
         registry, self.metrics = master_registry(self.table, self.tiering, self.replication)
         self._servicer.extra_counters = self.metrics.totals
         add_to_server(InstrumentedServicer(self._servicer, self.metrics, "grpc"), server)  # type: ignore[arg-type]
@@ -240,6 +245,7 @@ class MasterServer:
         # batch, and the others are not held up by it.
         self._start(self._moving, self.mover.run(self.tiering.plan(busy=set(self._moving))))
         copies = self.replication.plan(busy=set(self._copying))
+        copies += self.drains.plan(busy=set(self._copying))  # nodes about to stop (drain.py)
         self._start(self._copying, self.mover.copy(copies, self.replication))
         await self._servicer.persist_dirty()
         released = self.table.take_released()

@@ -33,6 +33,7 @@ from mooncake_store.common.grant import GrantMode, sign
 from mooncake_store.common.version import __version__
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.drain import Drains
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.persistence import MetadataStore
@@ -109,12 +110,15 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         config: MasterConfig,
         tiering: Tiering,
         replication: Replication,
+        *,
+        drains: Drains | None = None,
     ) -> None:
         self.table = table
         self.store = store
         self.config = config
         self.tiering = tiering
         self.replication = replication
+        self.drains = drains or Drains(table, replication)
         self.framed_port = 0  # set by the server once the framed endpoint listens
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens
         self.framed_socket = ""
@@ -501,11 +505,31 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.HeartbeatResponse(status=_status(exc))
 
     async def UnmountSegment(self, request: pb.UnmountSegmentRequest, context: object) -> pb.Status:
+        self.drains.forget(request.node_id)
         deleted = self.table.unmount(request.node_id, request.incarnation)
         log.info("unmounted node %s (%d objects lost)", request.node_id, len(deleted))
         await self.store.write(deletes=deleted)
         await self.persist_dirty()
         return _OK
+
+    async def DrainNode(
+        self, request: pb.DrainNodeRequest, context: object
+    ) -> pb.DrainNodeResponse:
+        """Start (or continue) draining a node that is about to stop (see drain.py)."""
+        started = request.node_id not in self.drains.draining
+        try:
+            progress = self.drains.drain(request.node_id, request.incarnation)
+        except MooncakeError as exc:
+            return pb.DrainNodeResponse(status=_status(exc))
+        if started:
+            log.info("draining node %s: %d objects have their only replicas there",
+                     request.node_id, progress.remaining)  # fmt: skip
+        return pb.DrainNodeResponse(
+            status=_OK,
+            remaining=progress.remaining,
+            copying=progress.copying,
+            saved=progress.saved,
+        )
 
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: object
@@ -565,6 +589,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         counters = dict(self.table.counters)
         counters.update(self.tiering.counters)
         counters.update(self.replication.counters)
+        counters.update(self.drains.counters)
         counters["hot_objects"] = len(self.replication.hot)
         counters["under_replicated"] = len(self.table.under_replicated)
         counters.update(self.extra_counters)  # hits and misses, counted by master/metrics.py

@@ -43,6 +43,11 @@ class NodeConfig:
     mount_timeout_s: float = duration_field(
         5.0, "How long the first mount waits for the master before retrying in the background."
     )
+    drain_timeout_s: float = duration_field(
+        30.0,
+        "On SIGTERM, how long to wait for the master to copy the blocks whose only replica is "
+        "here to other nodes before unmounting (see master/drain.py); 0: no drain.",
+    )
     # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and control service.
     tls_cert: str = setting(
         "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
@@ -92,6 +97,10 @@ class NodeConfig:
                 raise InvalidArgumentError(
                     f"--{name.replace('_', '-')} must be 0-65535 (0 picks a free one), got {value}"
                 )
+        if self.drain_timeout_s < 0:
+            raise InvalidArgumentError(
+                f"--drain-timeout must be >= 0 (0: no drain), got {self.drain_timeout_s}"
+            )
         if not -1 <= self.metrics_port <= 65535:
             raise InvalidArgumentError(
                 f"--metrics-port must be 0-65535 (0 picks a free one) or -1 (off), "

@@ -122,6 +122,11 @@ class MasterLink:
                 log.warning("master %s forgot this node; mounting again", self.master)
                 self.mount(timeout_s=max(self.interval_s, 1.0))
 
+    def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
+        """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""
+        request = pb.DrainNodeRequest(node_id=self.node_id, incarnation=self.incarnation)
+        return self._stub.DrainNode(request, timeout=timeout_s)  # type: ignore[no-any-return]
+
     def stop(self, *, unmount: bool = True) -> None:
         """Stop heartbeating and (by default) unmount so the master drops this node at once."""
         self._stop.set()

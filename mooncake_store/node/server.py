@@ -17,7 +17,7 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.daemon import StartupError
-from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.errors import OK, InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
@@ -35,6 +35,8 @@ from mooncake_store.node.pool import SharedPool
 from mooncake_store.node.shm_server import ShmServer
 
 log = logging.getLogger("mooncake.node")
+
+DRAIN_STALL_S = 3.0  # a drain with nothing copied and nothing in flight for this long gives up
 
 
 def _random_id() -> int:
@@ -232,6 +234,47 @@ class StoreNode:
                 warned = True
             await asyncio.sleep(0.05)
 
+    async def drain(self, timeout_s: float) -> int | None:
+        """Have the master copy the blocks whose only replica is on this node to other nodes,
+        waiting up to `timeout_s` (the node keeps serving meanwhile: it is the copies' source).
+
+        Returns how many such blocks are left (0: all saved), None when the master could not
+        be asked.  Gives up early when nothing moves for `DRAIN_STALL_S` (no other node can
+        take the blocks).  Logs the outcome either way.
+        """
+        link = self._link
+        if link is None or timeout_s <= 0 or not link.mounted.is_set():
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        progress_at, last = loop.time(), (-1, -1)
+        while True:
+            try:
+                reply = await loop.run_in_executor(None, link.drain, 5.0)
+            except grpc.RpcError as exc:
+                log.warning("drain: cannot ask the master (%s); blocks whose only replica is "
+                            "here are lost with this node", exc.code().name)  # fmt: skip
+                return None
+            if reply.status.code != OK:
+                log.warning("drain refused by the master: %s", reply.status.message)
+                return None
+            remaining, now = int(reply.remaining), loop.time()
+            if remaining == 0:
+                log.info("drained: %d blocks copied to other nodes, none left only here",
+                         reply.saved)  # fmt: skip
+                return 0
+            if (remaining, reply.saved) != last or reply.copying:
+                progress_at, last = now, (remaining, int(reply.saved))
+            stalled = now - progress_at >= DRAIN_STALL_S
+            if now >= deadline or stalled:
+                why = (
+                    "no other node can take them" if stalled else f"--drain-timeout {timeout_s:g}s"
+                )
+                log.warning("drain incomplete (%s): %d blocks whose only replica is here could not "
+                            "be saved (%d copied)", why, remaining, reply.saved)  # fmt: skip
+                return remaining
+            await asyncio.sleep(0.1)
+
     async def stop(self, *, unmount: bool = True) -> None:
         """Unmount from the master, stop serving, release the tiers (idempotent)."""
         loop = asyncio.get_running_loop()
@@ -290,4 +333,5 @@ async def serve(config: NodeConfig) -> None:
         await node.stop(unmount=False)
         raise StartupError(f"master {config.master} refused this node: {node.conflict}")
     log.info("shutting down")
+    await node.drain(config.drain_timeout_s)
     await node.stop()
