@@ -141,10 +141,12 @@ class PutEndItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., checksum: _Optional[int] = ..., failed_segments: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "next")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
+    next: _containers.RepeatedCompositeFieldContainer[LeaseRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ..., next: _Optional[_Iterable[_Union[LeaseRequest, _Mapping]]] = ...) -> None: ...
 
 class PutEndResult(_message.Message):
     __slots__ = ("status", "replicas")
@@ -155,10 +157,12 @@ class PutEndResult(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class BatchPutEndResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "leases")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PutEndResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ...) -> None: ...
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
     __slots__ = ("keys", "fingerprint", "unless_leased")
@@ -440,6 +444,70 @@ class BatchDescribeResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[DescribeResult]
     def __init__(self, results: _Optional[_Iterable[_Union[DescribeResult, _Mapping]]] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("size_bytes", "replicas", "count")
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    size_bytes: int
+    replicas: int
+    count: int
+    def __init__(self, size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "size_bytes", "replicas", "expires_in_s", "wanted_replicas")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    WANTED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    size_bytes: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaLocation]
+    expires_in_s: float
+    wanted_replicas: int
+    def __init__(self, lease_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ..., expires_in_s: _Optional[float] = ..., wanted_replicas: _Optional[int] = ...) -> None: ...
+
+class LeasedPutItem(_message.Message):
+    __slots__ = ("spec", "lease_id", "checksum", "failed_segments")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    spec: PutStartItem
+    lease_id: str
+    checksum: int
+    failed_segments: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, spec: _Optional[_Union[PutStartItem, _Mapping]] = ..., lease_id: _Optional[str] = ..., checksum: _Optional[int] = ..., failed_segments: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BatchLeasedPutRequest(_message.Message):
+    __slots__ = ("items", "next", "release")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[LeasedPutItem]
+    next: _containers.RepeatedCompositeFieldContainer[LeaseRequest]
+    release: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[LeasedPutItem, _Mapping]]] = ..., next: _Optional[_Iterable[_Union[LeaseRequest, _Mapping]]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeasedPutResult(_message.Message):
+    __slots__ = ("status", "replicas", "already_exists")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    replicas: int
+    already_exists: bool
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., replicas: _Optional[int] = ..., already_exists: _Optional[bool] = ...) -> None: ...
+
+class BatchLeasedPutResponse(_message.Message):
+    __slots__ = ("results", "leases")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LeasedPutResult]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    def __init__(self, results: _Optional[_Iterable[_Union[LeasedPutResult, _Mapping]]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("key", "src_segment", "src_offset", "dst_segment", "dst_offset", "size_bytes", "checksum", "fingerprint", "parent_key", "tag")

@@ -154,6 +154,11 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.BatchLeasedPut = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/BatchLeasedPut',
+                request_serializer=mooncake__store__pb2.BatchLeasedPutRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.BatchLeasedPutResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -317,6 +322,13 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchLeasedPut(self, request, context):
+        """issue 14: commit values written into allocation leases (one round trip per put).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -439,6 +451,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=mooncake__store__pb2.DrainNodeRequest.FromString,
                     response_serializer=mooncake__store__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'BatchLeasedPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchLeasedPut,
+                    request_deserializer=mooncake__store__pb2.BatchLeasedPutRequest.FromString,
+                    response_serializer=mooncake__store__pb2.BatchLeasedPutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1089,6 +1106,33 @@ class MasterService:
             '/mooncake_store.v1.MasterService/DrainNode',
             mooncake__store__pb2.DrainNodeRequest.SerializeToString,
             mooncake__store__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchLeasedPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/BatchLeasedPut',
+            mooncake__store__pb2.BatchLeasedPutRequest.SerializeToString,
+            mooncake__store__pb2.BatchLeasedPutResponse.FromString,
             options,
             channel_credentials,
             insecure,

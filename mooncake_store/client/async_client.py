@@ -14,6 +14,7 @@ from mooncake_store.client.device import (
     HostStaging,
     PinnedStaging,
 )
+from mooncake_store.client.leases import LeasePool
 from mooncake_store.client.master_client import (
     MasterCall,
     MasterClient,
@@ -74,6 +75,9 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
             client certificate, for a cluster that asks for one).  Unset: MOONCAKE_TLS_CA,
             MOONCAKE_TLS_CERT and MOONCAKE_TLS_KEY, else plaintext.  Same-host shared memory is
             used either way.
+        leases: hold allocation leases, so that a put of a size put before is one master
+            round trip (the value is copied into space granted ahead, then committed); False
+            keeps every put two-phase (PutStart, copy, PutEnd).
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        leases: bool = True,
     ) -> None:
         if replicas is not None and replicas < 1:
             raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
@@ -114,6 +119,8 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         self._shm = ShmMapper()
         self._tcp = TcpPool(timeout_s=timeout_s, ssl=self.ssl_context)
         self._pinned = PinnedStaging()
+        #: Allocation leases (client/leases.py): one master round trip per steady put.
+        self._leases: LeasePool | None = LeasePool() if leases else None
         self._staging = HostStaging()
         #: Transfers by data path, and replicas that failed their checksum on read.
         #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by

@@ -17,7 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.client.device import device_bytes, is_device_buffer, to_host
+from mooncake_store.client.leases import (
+    LeasedOutcome,
+    LeasePool,
+    leased_put_call,
+    put_end_leases_call,
+)
 from mooncake_store.client.master_client import put_end_call, put_revoke_call, put_start_call
 from mooncake_store.client.steps import (
     Flow,
@@ -80,6 +87,7 @@ class WriteFlows(LocalPools):
     replicas: int | None
     max_value_bytes: int
     counters: dict[str, int]
+    _leases: LeasePool | None
 
     def _put_flow(
         self,
@@ -155,6 +163,29 @@ class WriteFlows(LocalPools):
             pending.append(_Pending(key, [v for v in views if len(v)], spec, device=device))
         if not pending:
             return []
+        committed: dict[str, int] = {}
+        leasing = self._leases is not None and not preferred_nodes
+        two_phase = (yield from self._put_leased(pending, committed)) if leasing else pending
+        if two_phase:
+            yield from self._put_two_phase(two_phase, committed, leasing)
+        failed = {p.key: p.error for p in pending if p.error is not None}
+        if failed and not outcomes:
+            raise next(iter(failed.values()))
+        first = {p.key: p.plan is not None and p.plan.already_exists for p in pending}
+        results: list = []
+        for key, _ in pairs:
+            if key in failed:
+                results.append(failed[key])
+            elif key in first:
+                results.append(PutResult(key, committed.get(key, 0), first.pop(key)))
+            else:  # a repeat within the batch
+                results.append(PutResult(key, 0, True))
+        return results
+
+    def _put_two_phase(
+        self, pending: list[_Pending], committed: dict[str, int], leasing: bool
+    ) -> Flow[None]:
+        """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes)."""
         plans = yield put_start_call([p.spec for p in pending])
         for p, plan in zip(pending, plans, strict=True):
             if isinstance(plan, MooncakeError):
@@ -177,9 +208,14 @@ class WriteFlows(LocalPools):
             raise
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
-        committed: dict[str, int] = {}
         if to_end:
-            ends = yield put_end_call([(p.key, p.checksum, p.failed or ()) for p in to_end])
+            items = [(p.key, p.checksum, p.failed or ()) for p in to_end]
+            wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
+            if leasing and wanted:
+                ends, granted = yield put_end_leases_call(items, wanted)
+                self._leases.add(granted, wanted)  # type: ignore[union-attr]
+            else:
+                ends = yield put_end_call(items)
             for p, end in zip(to_end, ends, strict=True):
                 if isinstance(end, MooncakeError):
                     p.error = end
@@ -189,19 +225,61 @@ class WriteFlows(LocalPools):
             yield from self._revoke([p.key for p in to_revoke])
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
-        failed = {p.key: p.error for p in pending if p.error is not None}
-        if failed and not outcomes:
-            raise next(iter(failed.values()))
-        first = {p.key: p.plan is not None and p.plan.already_exists for p in pending}
-        results: list = []
-        for key, _ in pairs:
-            if key in failed:
-                results.append(failed[key])
-            elif key in first:
-                results.append(PutResult(key, committed.get(key, 0), first.pop(key)))
-            else:  # a repeat within the batch
-                results.append(PutResult(key, 0, True))
-        return results
+
+    def _put_leased(
+        self, pending: list[_Pending], committed: dict[str, int]
+    ) -> Flow[list[_Pending]]:
+        """Put `pending` into held leases with one master call (client/leases.py); returns the
+        items that must go the two-phase way (no lease held, or their lease failed)."""
+        assert self._leases is not None
+        leases = self._leases.take([p.spec for p in pending])
+        if leases is None:
+            return pending
+        for p, lease in zip(pending, leases, strict=True):
+            p.plan = PutPlan(False, lease.locations)
+        try:
+            remote = [p for p in pending if not self._write_local(p)]
+            if remote:
+                yield from self._write_remote(remote)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from self._give_back([lease.lease_id for lease in leases])
+            raise
+        landed = [(p, lease) for p, lease in zip(pending, leases, strict=True) if p.landed()]
+        unused = [lease.lease_id for p, lease in zip(pending, leases, strict=True)
+                  if not p.landed()]  # fmt: skip
+        outcomes: list[LeasedOutcome] = []
+        granted: list[pb.Lease] = []
+        if landed or unused:
+            wanted = self._leases.wanted([p.spec for p in pending])
+            call = leased_put_call(
+                [(p.spec, lease, p.checksum, p.failed or ()) for p, lease in landed],
+                wanted, unused,
+            )  # fmt: skip
+            outcomes, granted = yield call
+            self._leases.add(granted, wanted)
+        redo = [p for p in pending if not p.landed()]
+        for (p, lease), outcome in zip(landed, outcomes, strict=True):
+            if outcome.error is not None:  # the lease failed: nothing visible, put it again
+                redo.append(p)
+            elif outcome.already_exists:
+                self._leases.give_back([lease])
+                p.plan = PutPlan(True, [])
+            else:
+                committed[p.key] = outcome.replicas
+                self.counters["leased_puts"] = self.counters.get("leased_puts", 0) + 1
+        for p in redo:
+            p.plan, p.failed, p.error, p.checksum = None, None, None, 0
+        return redo
+
+    def _give_back(self, lease_ids: list[str]) -> Flow[None]:
+        """Release leases after a failed copy, best effort (the master reclaims them anyway)."""
+        try:
+            yield leased_put_call([], [], lease_ids)
+        except MooncakeError as exc:
+            log.info("could not release %d leases (the master reclaims them): %s",
+                     len(lease_ids), exc)  # fmt: skip
 
     def _revoke(self, keys: list[str]) -> Flow[None]:
         """Revoke puts that failed, best effort: a revoke that cannot reach the master does

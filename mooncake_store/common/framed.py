@@ -40,6 +40,7 @@ METHODS: tuple[str, ...] = (
     "BatchReportCorrupt",
     "ListKeys",  # issue 13
     "BatchDescribe",  # issue 13
+    "BatchLeasedPut",  # issue 14
 )
 METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
 

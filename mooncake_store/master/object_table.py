@@ -50,6 +50,7 @@ from mooncake_store.master.columns import (
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.eviction import LOST_PARENT, NO_PARENT, EvictionPolicy, LruPolicy
 from mooncake_store.master.fences import HeldFree, WriteFences
+from mooncake_store.master.leases import leases_pending
 from mooncake_store.master.membership import TickResult
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
@@ -149,6 +150,7 @@ class ObjectTable(ReplicaRelocation):
         self._next_generation = first_generation
         self._fence_writes = fence_writes
         self.fences = WriteFences()
+        self._lease_keys: set[str] = set()  # pending puts that are allocation leases (leases.py)
         self._fingerprints: dict[bytes, bytes] = {}
         # (free at, segment generation, segment, offset, size): frees that wait for a lease
         self._deferred: list[tuple[float, int, int, int, int]] = []
@@ -445,8 +447,9 @@ class ObjectTable(ReplicaRelocation):
         return self._state[slot], len(self._replicas(slot))
 
     def puts_in_flight(self) -> int:
-        """Puts started and not yet sealed (their PutEnd is still to come)."""
-        return len(self._pending)
+        """Puts started and not yet sealed (their PutEnd is still to come); unused allocation
+        leases (leases.py) are not puts in flight."""
+        return len(self._pending) - (leases_pending(self) if self._lease_keys else 0)
 
     def commit_put_end(self, key: str) -> int:
         """Make a COMMITTING object visible (after it is durable); return its replica count.

@@ -25,6 +25,7 @@ from mooncake_store.common.errors import (
     IdentityConflictError,
     InvalidArgumentError,
     MooncakeError,
+    NoSpaceError,
     ObjectHasLeaseError,
     ObjectNotFoundError,
     SegmentNotFoundError,
@@ -34,7 +35,8 @@ from mooncake_store.common.version import __version__
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
-from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
+from mooncake_store.master.object_table import ObjectTable, PutStartOutcome
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
@@ -137,18 +139,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     def _put_start(self, item: pb.PutStartItem, owner: int = 0) -> pb.PutStartResult:
         try:
-            outcome = self.table.put_start(
-                item.key,
-                item.size_bytes,
-                item.replicas,
-                fingerprint=item.fingerprint,
-                parent_key=item.parent_key,
-                tag=item.tag,
-                pin_ttl_s=item.pin_ttl_s if item.pin else None,
-                owner=owner,
-                soft_pin_ttl_s=item.soft_pin_ttl_s,
-                preferred_nodes=item.preferred_nodes,
-            )
+            outcome = self._put_start_room(item, owner)
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
         if outcome.already_exists:
@@ -166,6 +157,29 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 )
                 for seg, r in outcome.placements
             ],
+        )
+
+    def _put_start_room(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
+        """put_start; out of room, unused allocation leases are given back and it tries again."""
+        try:
+            return self._put_start_once(item, owner)
+        except NoSpaceError:
+            if not release_all(self.table):
+                raise
+        return self._put_start_once(item, owner)
+
+    def _put_start_once(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
+        return self.table.put_start(
+            item.key,
+            item.size_bytes,
+            item.replicas,
+            fingerprint=item.fingerprint,
+            parent_key=item.parent_key,
+            tag=item.tag,
+            pin_ttl_s=item.pin_ttl_s if item.pin else None,
+            owner=owner,
+            soft_pin_ttl_s=item.soft_pin_ttl_s,
+            preferred_nodes=item.preferred_nodes,
         )
 
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
@@ -284,7 +298,76 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def BatchPutEnd(
         self, request: pb.BatchPutEndRequest, context: object
     ) -> pb.BatchPutEndResponse:
-        return pb.BatchPutEndResponse(results=await self._put_end(list(request.items)))
+        results = await self._put_end(list(request.items))
+        if not request.next:
+            return pb.BatchPutEndResponse(results=results)
+        leases = await self._grant_leases(request.next, getattr(context, "owner_id", 0))
+        return pb.BatchPutEndResponse(results=results, leases=leases)
+
+    # ---- allocation leases (issue 14, master/leases.py) --------------------------------------
+
+    async def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
+        out: list[pb.Lease] = []
+        now = self.table._clock()
+        for want in wanted[:16]:
+            for lease_id, outcome in grant_leases(
+                self.table, want.size_bytes, want.replicas, want.count, owner
+            ):
+                out.append(pb.Lease(
+                    lease_id=lease_id, size_bytes=want.size_bytes,
+                    replicas=[_location(seg, r, want.size_bytes, outcome.deadline_s,
+                                        GrantMode.WRITE, outcome.generation)
+                              for seg, r in outcome.placements],
+                    expires_in_s=outcome.deadline_s - now, wanted_replicas=want.replicas,
+                ))  # fmt: skip
+        if out:
+            await self.persist_dirty()  # evicted blocks are gone before the space is reused
+        return out
+
+    async def BatchLeasedPut(
+        self, request: pb.BatchLeasedPutRequest, context: object
+    ) -> pb.BatchLeasedPutResponse:
+        """Commit values written into leases; release leases given back; grant the next."""
+        results: list[pb.LeasedPutResult | None] = []
+        sealed: list[ObjectMeta] = []
+        for item in request.items:
+            spec = item.spec
+            repeated = self.table.committed_as(spec.key, item.checksum)
+            if (
+                repeated is not None
+                and repeated[0] == COMPLETE
+                and (item.lease_id not in self.table._lease_keys)
+            ):  # a retry whose first reply was lost: that commit used the lease
+                results.append(pb.LeasedPutResult(status=_OK, replicas=repeated[1]))
+                continue
+            try:
+                meta = put_leased(
+                    self.table, item.lease_id, spec.key, spec.size_bytes, item.checksum,
+                    failed_segments=tuple(item.failed_segments), replicas=spec.replicas,
+                    fingerprint=spec.fingerprint, parent_key=spec.parent_key, tag=spec.tag,
+                    pin_ttl_s=spec.pin_ttl_s if spec.pin else None,
+                    soft_pin_ttl_s=spec.soft_pin_ttl_s,
+                )  # fmt: skip
+            except MooncakeError as exc:
+                release_lease(self.table, item.lease_id)
+                results.append(pb.LeasedPutResult(status=_status(exc)))
+                continue
+            if meta is None:
+                results.append(pb.LeasedPutResult(status=_OK, already_exists=True))
+            else:
+                sealed.append(meta)
+                results.append(None)
+        committed = await self._commit(sealed) if sealed else {}
+        for lease_id in request.release:
+            release_lease(self.table, lease_id)
+        out: list[pb.LeasedPutResult] = []
+        for item, result in zip(request.items, results, strict=True):
+            if result is None:
+                end = committed[item.spec.key]
+                result = pb.LeasedPutResult(status=end.status, replicas=end.replicas)
+            out.append(result)
+        leases = await self._grant_leases(request.next, getattr(context, "owner_id", 0))
+        return pb.BatchLeasedPutResponse(results=out, leases=leases)
 
     def _revoke(self, key: str) -> pb.Status:
         try:

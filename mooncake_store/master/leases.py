@@ -1,0 +1,203 @@
+"""Allocation leases: pool space granted to a client ahead of its puts (pure rules, no I/O).
+
+A steady put is then one master round trip (issue 14): the client copies the value into a
+lease's extents it already holds, and one `BatchLeasedPut` names the key, seals and commits it,
+and hands out the next lease.  Two-phase visibility is kept because a lease *is* a pending put
+under a placeholder key nobody else can name (an unguessable random suffix): it holds its
+extents, counts as pending space, ends with its owner's connection or after `put_timeout_s`,
+and dies with its node, through the same rules as every pending put (object_table.py).
+Committing renames the pending put to the real key and seals it (`put_end`): the object is
+invisible until its commit is durable, exactly as a two-phase put is.
+
+- A key already stored is deduplicated and the lease stays the client's (it was not used).
+- A put that finds no room (or the pending share used up) releases every unused lease and
+  tries again: leases are opportunistic and never make a put fail.  Unused leases hold at most
+  `LEASE_SHARE` of a pool.
+- A commit that fails for any other reason (the lease expired, the master restarted, the key is
+  being written by someone else, the identity differs) releases the lease: nothing becomes
+  visible, and the client puts the value again the two-phase way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+from mooncake_store.common.errors import (
+    IdentityMismatchError,
+    InvalidValueError,
+    MooncakeError,
+    ObjectBusyError,
+    ObjectNotFoundError,
+)
+from mooncake_store.common.keys import validate_key
+from mooncake_store.master.columns import COMPLETE, PROCESSING
+from mooncake_store.master.objects import ObjectMeta
+
+if TYPE_CHECKING:
+    from mooncake_store.master.object_table import ObjectTable, PutStartOutcome
+
+LEASE_PREFIX = "\x00lease\x00"
+MAX_LEASES_PER_CALL = 64
+LEASE_SHARE = 1 / 8  # of a pool, at most, held by unused leases (all clients together)
+
+
+def is_lease(key: str) -> bool:
+    return key.startswith(LEASE_PREFIX)
+
+
+def grant_leases(
+    table: ObjectTable, size_bytes: int, replicas: int, count: int, owner: int
+) -> list[tuple[str, PutStartOutcome]]:
+    """Up to `count` leases of `size_bytes` on `replicas` nodes each (fewer when space runs
+    out: a lease is never worth a NoSpaceError)."""
+    _prune(table)
+    out: list[tuple[str, PutStartOutcome]] = []
+    for _ in range(max(0, min(count, MAX_LEASES_PER_CALL))):
+        key = f"{LEASE_PREFIX}{owner:x}\x00{os.urandom(16).hex()}"
+        try:
+            outcome = table.put_start(key, size_bytes, replicas, owner=owner)
+        except MooncakeError:
+            break
+        if outcome.already_exists or not outcome.placements:  # cannot happen for a new key
+            break
+        table._lease_keys.add(key)
+        if any(_leased_bytes(table, seg.segment_id) > seg.allocator.capacity_bytes * LEASE_SHARE
+               for seg, _ in outcome.placements):  # fmt: skip
+            release_lease(table, key)  # leases never hold more than their share of a pool
+            break
+        table.counters["leases_granted"] = table.counters.get("leases_granted", 0) + 1
+        out.append((key, outcome))
+    return out
+
+
+def put_leased(
+    table: ObjectTable,
+    lease: str,
+    key: str,
+    size_bytes: int,
+    checksum: int,
+    *,
+    failed_segments: tuple[int, ...] = (),
+    replicas: int = 0,
+    fingerprint: bytes = b"",
+    parent_key: str = "",
+    tag: bytes = b"",
+    pin_ttl_s: float | None = None,
+    soft_pin_ttl_s: float = 0.0,
+) -> ObjectMeta | None:
+    """Make lease `lease` the put of `key` and seal it with `checksum` (COMMITTING; the caller
+    persists the snapshot and calls `commit_put_end`, as after `put_end`).  None: `key` is
+    already stored (deduplicated; the lease was not used and stays the caller's).
+
+    Raises (the lease is left as it is; the caller releases it):
+        ObjectNotFoundError: no such lease (expired, revoked, or the master restarted).
+        InvalidValueError: `size_bytes` is not the lease's size, or a bad checksum.
+        ObjectBusyError / IdentityMismatchError: as put_start would raise them.
+    """
+    validate_key(key)
+    if is_lease(key):
+        raise InvalidValueError("keys starting with NUL 'lease' NUL are reserved")
+    slot = table._slot.get(lease)
+    if not is_lease(lease) or slot is None or table._state[slot] != PROCESSING:
+        raise ObjectNotFoundError("the lease is gone (expired, revoked or the master restarted)")
+    if table._size[slot] != size_bytes:
+        raise InvalidValueError(
+            f"the lease holds {table._size[slot]} bytes, the value of {key!r} is {size_bytes}"
+        )
+    if not 0 <= checksum <= 0xFFFFFFFFFFFFFFFF:
+        raise InvalidValueError(f"checksum {checksum} is not a 64-bit unsigned value")
+    if len(fingerprint) > 0:
+        fingerprint = table._intern_fingerprint(fingerprint)
+    now = table._clock()
+    pin_until = 0.0 if pin_ttl_s is None else (
+        math.inf if pin_ttl_s <= 0 or math.isinf(pin_ttl_s) else now + pin_ttl_s
+    )  # fmt: skip
+    existing = table._slot.get(key)
+    if existing is not None:
+        if table._state[existing] != COMPLETE:
+            raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
+        if any(r.segment_id in table._segments for r in table._replicas(existing)):
+            stored = table._fingerprint[existing]
+            if stored != fingerprint:
+                raise IdentityMismatchError(
+                    f"{key!r} is already stored under another identity "
+                    f"({stored.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
+                )
+            if pin_until > table._cold_get(existing, "pin_until_s"):
+                table._cold_set(existing, "pin_until_s", pin_until)
+                table._dirty[key] = True
+            table.counters["puts_deduplicated"] += 1
+            return None
+        table._delete(existing, 0.0)  # restored, but none of its nodes came back
+    _rename(table, slot, lease, key)
+    if parent_key:
+        validate_key(parent_key)
+        parent = table._slot.get(parent_key)
+        table._parent[slot] = parent_key if parent is None else table._key[parent]  # type: ignore[assignment]
+    table._fingerprint[slot] = fingerprint
+    table._wanted[slot] = min(replicas or table.config.default_replicas, 255)
+    table._created[slot] = now
+    table._cold_set(slot, "tag", tag)
+    table._cold_set(slot, "pin_until_s", pin_until)
+    if soft_pin_ttl_s > 0:
+        table._cold_set(slot, "soft_pin_until_s", now + soft_pin_ttl_s)
+    table.counters["leased_puts"] = table.counters.get("leased_puts", 0) + 1
+    return table.put_end(key, checksum, failed_segments)
+
+
+def release_lease(table: ObjectTable, lease: str) -> bool:
+    """Give a lease's space back (a no-op for a lease already gone); True if one was held."""
+    slot = table._slot.get(lease)
+    table._lease_keys.discard(lease)
+    if not is_lease(lease) or slot is None or table._state[slot] != PROCESSING:
+        return False
+    table.put_revoke(lease)
+    return True
+
+
+def release_all(table: ObjectTable) -> int:
+    """Give back every unused lease (a put found no room: leases must never cost one)."""
+    released = sum(release_lease(table, key) for key in list(table._lease_keys))
+    table.counters["leases_released_for_room"] = (
+        table.counters.get("leases_released_for_room", 0) + released
+    )
+    return released
+
+
+def leases_pending(table: ObjectTable) -> int:
+    """Pending puts that are unused leases (not puts in flight: nobody will end them soon)."""
+    return sum(1 for key in table._lease_keys if key in table._pending)
+
+
+def _rename(table: ObjectTable, slot: int, old: str, new: str) -> None:
+    """Move a pending put from key `old` to key `new` (same slot, extents and deadline)."""
+    del table._slot[old]
+    table._slot[new] = slot
+    table._key[slot] = new
+    table._lease_keys.discard(old)
+    table._pending[new] = table._pending.pop(old)
+    owner = table._owner_of.pop(old, 0)
+    if owner:
+        table._owner_of[new] = owner
+        keys = table._owned.get(owner)
+        if keys is not None:
+            keys.discard(old)
+            keys.add(new)
+
+
+def _leased_bytes(table: ObjectTable, segment_id: int) -> int:
+    total = 0
+    for key in table._lease_keys:
+        slot = table._slot.get(key)
+        if slot is not None and table._state[slot] == PROCESSING:
+            if any(r.segment_id == segment_id for r in table._replicas(slot)):
+                total += table._size[slot]
+    return total
+
+
+def _prune(table: ObjectTable) -> None:
+    gone = [key for key in table._lease_keys if key not in table._pending]
+    for key in gone:
+        table._lease_keys.discard(key)
