@@ -76,8 +76,10 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
             MOONCAKE_TLS_CERT and MOONCAKE_TLS_KEY, else plaintext.  Same-host shared memory is
             used either way.
         leases: hold allocation leases, so that a put of a size put before is one master
-            round trip (the value is copied into space granted ahead, then committed); False
-            keeps every put two-phase (PutStart, copy, PutEnd).
+            round trip (the value is copied into space granted ahead, then committed) instead
+            of two (PutStart, copy, PutEnd).  Off by default: unused leases hold up to 1/8 of
+            a pool that other puts cannot use until the client's connection closes or the put
+            timeout ends them (client/leases.py).
     """
 
     def __init__(
@@ -94,7 +96,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
-        leases: bool = True,
+        leases: bool = False,
     ) -> None:
         if replicas is not None and replicas < 1:
             raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
@@ -128,7 +130,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         #: checksum, reported to the master for deletion (corrupt_reported).
         self.counters: dict[str, int] = dict.fromkeys(
             ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
-             "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls",
+             "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls", "leased_puts",
              "corrupt_reported"), 0,
         )  # fmt: skip
 

@@ -1,0 +1,109 @@
+"""Allocation leases on the master's table (master/leases.py), with an injected clock: a lease is
+an invisible pending put; a leased put is invisible until committed; leases end with their
+owner, their timeout or a release, and never hold more than their share of a pool."""
+
+import pytest
+
+from mooncake_store.common.errors import (
+    IdentityMismatchError,
+    InvalidValueError,
+    ObjectBusyError,
+    ObjectNotFoundError,
+)
+from mooncake_store.master.leases import (
+    LEASE_SHARE,
+    grant_leases,
+    put_leased,
+    release_all,
+    release_lease,
+)
+from mooncake_store.master.object_table import ObjectTable, TableConfig
+from tests.unit.test_object_table import Clock, MiB, commit, mount, used
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def table(clock):
+    t = ObjectTable(
+        TableConfig(lease_ttl_s=5, put_timeout_s=30, heartbeat_ttl_s=10, restore_grace_s=60),
+        clock=clock,
+    )
+    mount(t, "node-0", 100, 64 * MiB)
+    yield t
+    t.validate()
+
+
+def test_a_lease_is_invisible_space_and_a_leased_put_commits_like_put_end(table):
+    [(lease, outcome)] = grant_leases(table, MiB, 1, 1, owner=7)
+    assert used(table) == MiB and len(outcome.placements) == 1
+    assert table.puts_in_flight() == 0  # an unused lease is not a put in flight
+    assert not table.exists(lease) and table.prefix_match([lease]) == 0
+    with pytest.raises(ObjectNotFoundError):
+        table.read(lease)
+
+    meta = put_leased(table, lease, "k", MiB, 0xABC, fingerprint=b"f" * 16, parent_key="p",
+                      tag=b"t", pin_ttl_s=0)  # fmt: skip
+    assert meta is not None and meta.key == "k" and meta.checksum == 0xABC
+    assert not table.exists("k")  # sealed, not yet durable: still invisible
+    assert table.get(lease) is None
+    table.commit_put_end("k")
+    assert table.exists("k")
+    found = table.get("k")
+    assert found is not None and found.replicas == meta.replicas
+    assert found.fingerprint == b"f" * 16 and found.parent_key == "p" and found.tag == b"t"
+    assert used(table) == MiB  # the lease's extent, now the object's
+    with pytest.raises(ObjectNotFoundError):  # a lease is used once
+        put_leased(table, lease, "k2", MiB, 1)
+
+
+def test_a_stored_key_is_deduplicated_and_the_lease_stays(table):
+    commit(table, "k", size=MiB, checksum=5)
+    [(lease, _)] = grant_leases(table, MiB, 1, 1, owner=0)
+    assert put_leased(table, lease, "k", MiB, 5) is None
+    assert table.counters["puts_deduplicated"] == 1
+    assert put_leased(table, lease, "other", MiB, 6) is not None  # still usable
+    table.commit_put_end("other")
+
+
+def test_refused_commits_leave_the_lease_and_nothing_visible(table):
+    commit(table, "stored")
+    table.put_start("busy", MiB, 1)
+    [(lease, _)] = grant_leases(table, 2 * MiB, 1, 1, owner=0)
+    with pytest.raises(ObjectBusyError):
+        put_leased(table, lease, "busy", 2 * MiB, 1)
+    with pytest.raises(InvalidValueError, match="holds 2097152 bytes"):
+        put_leased(table, lease, "x", MiB, 1)
+    with pytest.raises(IdentityMismatchError):
+        put_leased(table, lease, "stored", 2 * MiB, 42, fingerprint=b"g" * 16)
+    with pytest.raises(InvalidValueError, match="reserved"):
+        put_leased(table, lease, lease, 2 * MiB, 1)
+    with pytest.raises(ObjectNotFoundError):
+        put_leased(table, "\x00lease\x000\x00guessed", "y", 2 * MiB, 1)
+    assert not table.exists("x") and not table.exists("y")
+    before = used(table)
+    assert release_lease(table, lease) and used(table) == before - 2 * MiB
+    assert not release_lease(table, lease)  # already gone: a no-op
+
+
+def test_unused_leases_end_with_their_owner_or_their_timeout(table, clock):
+    mine = grant_leases(table, MiB, 1, 3, owner=9)
+    other = grant_leases(table, MiB, 1, 1, owner=0)
+    assert len(mine) == 3 and used(table) == 4 * MiB
+    assert sorted(table.revoke_owner(9)) == sorted(key for key, _ in mine)  # connection closed
+    assert used(table) == MiB
+    clock.now += 31  # past put_timeout_s: reclaimed like any put that never ended
+    table.tick()
+    assert used(table) == 0
+    with pytest.raises(ObjectNotFoundError):
+        put_leased(table, other[0][0], "late", MiB, 1)
+
+
+def test_leases_hold_at_most_their_share_of_a_pool_and_give_way_to_puts(table):
+    leases = grant_leases(table, MiB, 1, 64, owner=0)
+    assert len(leases) == int(64 * LEASE_SHARE)  # 8 of the 64 MiB pool
+    assert release_all(table) == len(leases) and used(table) == 0
+    assert grant_leases(table, 128 * MiB, 1, 1, owner=0) == []  # no room: no lease, no error
