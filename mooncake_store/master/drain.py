@@ -43,12 +43,16 @@ class Drains:
         self.counters = {"drains_started": 0}
 
     def drain(self, node_id: str, incarnation: int) -> DrainProgress:
-        """Start draining the node (idempotent) and say how far its drain is.
+        """Start draining the node (idempotent) and say how far its drain is.  Incarnation 0
+        names whichever process is mounted under `node_id` (an operator's drain,
+        `mooncake-admin drain`); the node itself names its own.
 
         Raises:
-            SegmentNotFoundError: no node of that id and incarnation is mounted.
+            SegmentNotFoundError: no node of that id (and incarnation) is mounted.
         """
         state = self.table.node(node_id)
+        if state is not None and incarnation == 0:
+            incarnation = state.info.incarnation
         if state is None or state.info.incarnation != incarnation:
             self.forget(node_id)
             raise SegmentNotFoundError(

@@ -69,16 +69,6 @@ def test_unreachable_master_is_one_line(tmp_path):
     assert out.stderr.startswith("mooncake-admin: error:") and "127.0.0.1:1" in out.stderr
 
 
-def test_drain(managed):
-    out = admin(managed, "drain", "node-1", "--json")
-    if not hasattr(pb, "DrainNodeRequest"):  # this build's master has no DrainNode
-        assert out.returncode == 1
-        assert "not supported by this master" in out.stderr
-        return
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["remaining"] == 0
-
-
 def test_keys_are_listed_page_by_page(managed):
     from mooncake_store.admin.keys import iter_pages
 
@@ -103,3 +93,15 @@ def test_remove_by_prefix_leaves_the_other_keys(managed):
         assert store.exists_many([f"adm/{i}" for i in range(5)]) == [False] * 5
         assert store.get("other") == b"w" * 4096
     assert "no keys start with 'adm/'" in admin(managed, "remove", "--prefix", "adm/").stdout
+
+
+def test_drain(managed):
+    # Last in the module: a drained node stays draining (no new puts), and its blocks gain a
+    # replica elsewhere.
+    out = admin(managed, "drain", "node-1", "--json")
+    if not hasattr(pb, "DrainNodeRequest"):  # this build's master has no DrainNode
+        assert out.returncode == 1
+        assert "not supported by this master" in out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["remaining"] == 0

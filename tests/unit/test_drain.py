@@ -113,6 +113,9 @@ def test_an_unknown_node_or_incarnation_cannot_be_drained():
     with pytest.raises(SegmentNotFoundError):
         drains.drain("n0", 8)
     assert drains.draining == {}
+    assert drains.drain("n0", 0).remaining == 0  # 0: whichever process is mounted (an operator)
+    assert drains.draining == {"n0": 7}
+    drains.forget("n0")
     # A node that comes back as a new process without asking is no longer draining.
     drains.drain("n1", 7)
     node = NodeInfo("n1", 9, "n1:data", "shm", "n1:control", b"k" * 32)
