@@ -193,7 +193,19 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         # puts end by PutEnd, PutRevoke or the put timeout.
         owner = getattr(context, "owner_id", 0)
         results = [self._put_start(i, owner) for i in items]
-        await self.persist_dirty()  # evicted blocks are gone for good before their space is reused
+        try:
+            await self.persist_dirty()  # evicted blocks are gone for good before their space
+        except Exception as exc:  # is reused: when that cannot be written, nobody gets it
+            log.error("persisting evictions for %d puts failed: %s", len(items), exc)
+            failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+            for item, result in zip(items, results, strict=True):
+                if result.replicas:
+                    try:
+                        self.table.put_revoke(item.key)
+                    except MooncakeError:
+                        pass  # its node died meanwhile: already gone
+                    result.Clear()
+                    result.status.CopyFrom(failure)
         return results
 
     async def BatchPutStart(
