@@ -40,18 +40,30 @@ function check(status, what) {
   if (!ok(status)) throw new MooncakeError(status, what);
 }
 
-function unary(client, method, request) {
+function unary(client, method, request, metadata) {
   return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + 30000 }, (err, reply) => {
+    const md = metadata || new grpc.Metadata();
+    client[method](request, md, { deadline: Date.now() + 30000 }, (err, reply) => {
       if (err) reject(err); else resolve(reply);
     });
   });
 }
 
 class Client {
-  constructor(master) {
+  // `token`: the client token the master's auth asks for (default: $MOONCAKE_TOKEN), sent as
+  // `authorization: Bearer <token>` on master calls; the nodes check the grants instead.
+  constructor(master, { token = process.env.MOONCAKE_TOKEN } = {}) {
     this.master = new v1.MasterService(master, grpc.credentials.createInsecure(), OPTIONS);
     this.nodes = new Map();
+    this.metadata = new grpc.Metadata();
+    if (token) {
+      const presented = token.trim().split('.').slice(0, 3).join('.');
+      this.metadata.set('authorization', `Bearer ${presented}`);
+    }
+  }
+
+  call(method, request) {
+    return unary(this.master, method, request, this.metadata);
   }
 
   node(endpoint) {
@@ -64,7 +76,7 @@ class Client {
 
   // Store `value` (a Buffer) under `key`; resolves to the number of replicas committed.
   async put(key, value, replicas = 1) {
-    const start = await unary(this.master, 'PutStart',
+    const start = await this.call('PutStart',
       { key, size_bytes: String(value.length), replicas });
     check(start.status, `PutStart ${key}`);
     if (start.already_exists) return 0;
@@ -78,10 +90,10 @@ class Client {
         checksum = digest;
       }
     } catch (err) {
-      await unary(this.master, 'PutRevoke', { key });
+      await this.call('PutRevoke', { key });
       throw err;
     }
-    const end = await unary(this.master, 'PutEnd', { key, checksum });
+    const end = await this.call('PutEnd', { key, checksum });
     check(end.status, `PutEnd ${key}`);
     return end.replicas;
   }
@@ -106,7 +118,7 @@ class Client {
 
   // The value of `key` as a Buffer; tries each replica in turn.
   async get(key) {
-    const reply = await unary(this.master, 'GetReplicaList', { key });
+    const reply = await this.call('GetReplicaList', { key });
     check(reply.status, `GetReplicaList ${key}`);
     let last = null;
     for (const loc of reply.replicas) {

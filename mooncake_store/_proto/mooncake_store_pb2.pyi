@@ -311,7 +311,7 @@ class UnmountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s")
+    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +320,7 @@ class NodeInfo(_message.Message):
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     endpoint: str
@@ -328,7 +329,8 @@ class NodeInfo(_message.Message):
     used_bytes: int
     objects: int
     last_heartbeat_age_s: float
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -13,6 +13,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.admin.ops import master_metadata
 from mooncake_store.common.errors import OK
 from mooncake_store.common.tls import grpc_channel
 
@@ -30,8 +31,10 @@ def drain_node(client: Any, node_id: str, timeout_s: float) -> dict[str, Any]:
         raise DrainUnsupported(
             "drain is not supported by this master (no DrainNode RPC in this build)"
         )
-    if node_id not in {n.node_id for n in client.list_nodes()}:
+    incarnations = _incarnations(client)
+    if node_id not in incarnations:
         raise click.ClickException(f"no node {node_id!r} is mounted (see mooncake-admin nodes)")
+    incarnation = incarnations[node_id]
     deadline = time.monotonic() + timeout_s
     with grpc_channel(client.master, client.tls) as channel:
         stub = pb_grpc.MasterServiceStub(channel)
@@ -39,7 +42,11 @@ def drain_node(client: Any, node_id: str, timeout_s: float) -> dict[str, Any]:
             raise DrainUnsupported("drain is not supported by this master (no DrainNode RPC)")
         while True:
             try:
-                reply = stub.DrainNode(request_type(node_id=node_id), timeout=10)
+                reply = stub.DrainNode(
+                    request_type(node_id=node_id, incarnation=incarnation),
+                    timeout=10,
+                    metadata=master_metadata(client.master),
+                )
             except grpc.RpcError as exc:
                 if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                     raise DrainUnsupported("drain is not supported by this master") from exc
@@ -56,3 +63,12 @@ def drain_node(client: Any, node_id: str, timeout_s: float) -> dict[str, Any]:
                     f"{timeout_s:g}s: rerun mooncake-admin drain to keep waiting"
                 )
             time.sleep(POLL_S)
+
+
+def _incarnations(client: Any) -> dict[str, int]:
+    """node id -> incarnation of the mounted nodes (ListNodes)."""
+    with grpc_channel(client.master, client.tls) as channel:
+        reply = pb_grpc.MasterServiceStub(channel).ListNodes(
+            pb.ListNodesRequest(), timeout=10, metadata=master_metadata(client.master)
+        )
+    return {n.node_id: n.incarnation for n in reply.nodes}

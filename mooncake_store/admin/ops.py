@@ -52,6 +52,20 @@ def connect(master: str) -> Iterator[Any]:
         sys.exit(1)
 
 
+def master_metadata(master: str) -> tuple[tuple[str, str], ...] | None:
+    """gRPC metadata with the caller's client token for raw calls to `master` (None: no token,
+    or a build without auth); the token is found as the SDK finds it."""
+    try:
+        from mooncake_store.common.auth import Role, bearer  # type: ignore[attr-defined]
+        from mooncake_store.common.credentials import (  # type: ignore[import-not-found]
+            discover_token,
+        )
+    except ImportError:
+        return None
+    token = discover_token(master, Role.CLIENT)
+    return (("authorization", f"Bearer {bearer(token)}"),) if token else None
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; numbers right-aligned."""
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]

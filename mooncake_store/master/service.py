@@ -641,6 +641,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                     used_bytes=s.allocator.used_bytes,
                     objects=s.objects,
                     last_heartbeat_age_s=max(0.0, now - self.table.last_heartbeat(s.node_id)),
+                    incarnation=s.info.node.incarnation,
                 )
                 for s in self.table.segments()
             ]

@@ -74,7 +74,7 @@ def test_keys_are_listed_page_by_page(managed):
 
     data = json.loads(admin(managed, "keys", "--prefix", "adm/", "--json").stdout)
     assert sorted(d["key"] for d in data) == [f"adm/{i}" for i in range(5)]
-    assert all(d["size_bytes"] == 4096 and d["replicas"] == 1 for d in data)
+    assert all(d["size_bytes"] == 4096 and d["replicas"] >= 1 for d in data)  # drain copies
     limited = json.loads(admin(managed, "keys", "--limit", "3", "--json").stdout)
     assert len(limited) == 3
     table = admin(managed, "keys", "--prefix", "other").stdout.splitlines()

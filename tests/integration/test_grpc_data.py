@@ -14,6 +14,7 @@ import pytest
 from mooncake_store import Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.admin.ops import master_metadata
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError, ChecksumMismatchError
@@ -34,7 +35,9 @@ def ok(status: pb.Status) -> bool:
 def grpc_put(master: str, key: str, value: bytes, replicas: int = 1, chunk: int = 1 << 20) -> None:
     with grpc.insecure_channel(master) as channel:
         stub = pb_grpc.MasterServiceStub(channel)
-        start = stub.PutStart(pb.PutStartItem(key=key, size_bytes=len(value), replicas=replicas))
+        md = master_metadata(master)
+        start = stub.PutStart(pb.PutStartItem(key=key, size_bytes=len(value), replicas=replicas),
+                              metadata=md)  # fmt: skip
         assert ok(start.status), start.status
         sums = set()
         for loc in start.replicas:
@@ -49,13 +52,15 @@ def grpc_put(master: str, key: str, value: bytes, replicas: int = 1, chunk: int 
             assert result.checksum_str == str(result.checksum)
             sums.add(result.checksum)
         assert sums == {checksum(value)}  # the node's checksum of what arrived is the value's
-        end = stub.PutEnd(pb.PutEndItem(key=key, checksum=sums.pop()))
+        end = stub.PutEnd(pb.PutEndItem(key=key, checksum=sums.pop()), metadata=md)
         assert ok(end.status), end.status
 
 
 def grpc_get(master: str, key: str, *, verify: bool = True) -> bytes:
     with grpc.insecure_channel(master) as channel:
-        reply = pb_grpc.MasterServiceStub(channel).GetReplicaList(pb.KeyRequest(key=key))
+        reply = pb_grpc.MasterServiceStub(channel).GetReplicaList(
+            pb.KeyRequest(key=key), metadata=master_metadata(master)
+        )
     assert ok(reply.status), reply.status
     loc = reply.replicas[0]
     with grpc.insecure_channel(loc.grpc_endpoint) as node:
@@ -82,7 +87,9 @@ def test_refusals_are_statuses_not_resets(grpc_cluster):
     with Client(grpc_cluster.master_address) as store:
         store.put("g/refuse", value)
     with grpc.insecure_channel(grpc_cluster.master_address) as channel:
-        reply = pb_grpc.MasterServiceStub(channel).GetReplicaList(pb.KeyRequest(key="g/refuse"))
+        reply = pb_grpc.MasterServiceStub(channel).GetReplicaList(
+            pb.KeyRequest(key="g/refuse"), metadata=master_metadata(grpc_cluster.master_address)
+        )
     loc = reply.replicas[0]
     with grpc.insecure_channel(loc.grpc_endpoint) as node:
         data = pb_grpc.DataServiceStub(node)
@@ -105,13 +112,14 @@ def test_refusals_are_statuses_not_resets(grpc_cluster):
 def test_short_write_stream_is_refused_and_leaves_nothing(grpc_cluster):
     with grpc.insecure_channel(grpc_cluster.master_address) as channel:
         stub = pb_grpc.MasterServiceStub(channel)
-        start = stub.PutStart(pb.PutStartItem(key="g/short", size_bytes=10000))
+        md = master_metadata(grpc_cluster.master_address)
+        start = stub.PutStart(pb.PutStartItem(key="g/short", size_bytes=10000), metadata=md)
         loc = start.replicas[0]
         with grpc.insecure_channel(loc.grpc_endpoint) as node:
             first = pb.WriteChunk(grant=loc.grant, offset=loc.offset, size_bytes=10000,
                                   data=b"a" * 5000)  # fmt: skip
             result = pb_grpc.DataServiceStub(node).Write(iter([first]))
         assert result.status.code != OK and "5000 of 10000" in result.status.message
-        stub.PutRevoke(pb.KeyRequest(key="g/short"))
+        stub.PutRevoke(pb.KeyRequest(key="g/short"), metadata=md)
     with Client(grpc_cluster.master_address) as store:
         assert not store.exists("g/short")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_store import Client, ObjectNotFoundError
+from mooncake_store.admin.ops import master_metadata
 from mooncake_store.cluster import LocalCluster
 from tests.conftest import FAST_MASTER
 
@@ -55,9 +56,13 @@ def test_node_client_and_python_sdk_read_each_others_blocks(tmp_path):
         }  # fmt: skip
         plan_path = tmp_path / "plan.json"
         plan_path.write_text(json.dumps(plan))
+        env = dict(os.environ)
+        md = master_metadata(cluster.master_address)  # the master's auth: a client token
+        if md:
+            env["MOONCAKE_TOKEN"] = md[0][1].removeprefix("Bearer ")
         run = subprocess.run(
             [node, str(CLIENT_DIR / "conformance.js"), cluster.master_address, str(plan_path)],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=120, env=env,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         report = json.loads(run.stdout)
