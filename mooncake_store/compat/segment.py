@@ -3,8 +3,10 @@
 In Mooncake every engine rank mounts `global_segment_size` bytes of its own memory into the
 pool.  Here memory is served by store nodes, so `setup(..., global_segment_size=N)` starts one:
 a `mooncake-store` child process of this client, with an N-byte DRAM pool, mounted on the same
-master.  `close()` stops it with SIGTERM (a node drains what it can on SIGTERM) and waits for
-it; its objects go with it, as a Mooncake client's do when it closes.  The child runs in its own
+master.  `close()` stops it with SIGTERM and waits for it: the node first drains (the master
+copies every object whose only replica it holds to other nodes, for up to the node's
+--drain-timeout, 30 s), and only what could not be copied goes with it (a Mooncake client's
+objects all go when it closes).  The child runs in its own
 session, so a signal to the engine's process group does not stop it before the client does.
 
 A node mounts with a node token, not the engine's client token: the child gets
@@ -84,7 +86,7 @@ class ContributedSegment:
     def alive(self) -> bool:
         return self._process.alive()
 
-    def stop(self, timeout_s: float = 30.0) -> int:
+    def stop(self, timeout_s: float = 45.0) -> int:
         """SIGTERM, wait for the node to drain and exit; SIGKILL after `timeout_s`."""
         code = self._process.stop(timeout_s)
         log.info("contributed store node %s stopped (exit code %d)", self.node_id, code)
