@@ -80,6 +80,11 @@ def keep_alive(sock: socket.socket) -> None:
 class FramedCallError(Exception):
     """The master answered a framed call with an error status instead of a reply."""
 
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"status {status}: {message}")
+        self.status = status
+        self.detail = message
+
 
 class _Protocol(asyncio.Protocol):
     def __init__(self, channel: FramedChannel) -> None:
@@ -186,7 +191,7 @@ class FramedChannel:
                 future.set_result(reply_type.FromString(payload))
             else:
                 message = payload.decode("utf-8", "replace")
-                future.set_exception(FramedCallError(f"status {status}: {message}"))
+                future.set_exception(FramedCallError(status, message))
 
     def lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -295,7 +300,7 @@ class BlockingFramedChannel:
             self._abandoned.discard(reply_id)  # the late reply of a call that timed out
         if status != FrameStatus.OK:
             message = bytes(body).decode("utf-8", "replace")
-            raise FramedCallError(f"status {status}: {message}")
+            raise FramedCallError(status, message)
         return REPLY_TYPES[name].FromString(body)
 
     def _read_frame(self) -> tuple[int, int, memoryview]:

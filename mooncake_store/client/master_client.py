@@ -43,6 +43,7 @@ from mooncake_store.client.types import (
 )
 from mooncake_store.common.errors import (
     OK,
+    InvalidArgumentError,
     MasterTimeoutError,
     MasterUnavailableError,
     MooncakeError,
@@ -50,6 +51,7 @@ from mooncake_store.common.errors import (
     TlsError,
     error_for_code,
 )
+from mooncake_store.common.framed import FrameStatus
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from mooncake_store.common.tls import (
     CLIENT_CERT_HINT,
@@ -288,6 +290,8 @@ class MasterClient:
             try:
                 reply = await channel.call(name, request, self.timeout_s)
             except FramedCallError as exc:
+                if exc.status == FrameStatus.BAD_REQUEST:  # refused as bad input (batch cap)
+                    raise InvalidArgumentError(exc.detail) from exc
                 raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
             except CallTimeoutError as exc:
                 raise _TimedOut(str(exc)) from None
@@ -315,7 +319,9 @@ class MasterClient:
         self.counters["grpc_calls"] += 1
         return reply
 
-    def _failed(self, name: str, exc: grpc.aio.AioRpcError) -> RpcError:
+    def _failed(self, name: str, exc: grpc.aio.AioRpcError) -> MooncakeError:
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # refused as bad input (batch cap)
+            return InvalidArgumentError(str(exc.details()))
         return RpcError(
             f"master {self.address} failed the call {name}: {exc.code().name}: {exc.details()}"
         )

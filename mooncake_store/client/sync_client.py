@@ -37,11 +37,13 @@ from mooncake_store.client.types import (
     PutResult,
 )
 from mooncake_store.common.errors import (
+    InvalidArgumentError,
     MasterTimeoutError,
     MasterUnavailableError,
     MooncakeError,
     RpcError,
 )
+from mooncake_store.common.framed import FrameStatus
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
 from mooncake_store.common.tls import TlsConfig
@@ -146,6 +148,8 @@ class Client:
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:
+                if exc.status == FrameStatus.BAD_REQUEST:  # refused as bad input (batch cap)
+                    raise InvalidArgumentError(exc.detail) from exc
                 raise RpcError(f"master {self.master} failed the call {call.name}: {exc}") from exc
             except CallTimeoutError as exc:
                 # The socket stays (the late reply is skipped), unless the reply was cut off.

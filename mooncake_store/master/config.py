@@ -56,6 +56,27 @@ class MasterConfig:
         "A suspect node's replicas are kept this much longer: heard from again within it, the "
         "node is offered again; silent past it, it is dropped with the replicas.",
     )
+    max_batch_items: int = setting(
+        100_000,
+        "Most keys or items one batch call may carry; a bigger batch is refused as a whole "
+        "(InvalidArgumentError naming this cap). Batches are served in slices of 1024 items "
+        "that yield to other calls.",
+    )
+    max_calls_per_connection: int = setting(
+        256,
+        "Calls in flight per client connection: at the cap the framed endpoint stops reading "
+        "the connection until calls finish (gRPC: max concurrent streams).",
+    )
+    idle_timeout_s: float = duration_field(
+        600.0,
+        "A client connection with nothing in flight and nothing received for this long is "
+        "closed (framed endpoint and gRPC); 0: never.",
+    )
+    max_connections: int = setting(
+        4096,
+        "Most framed-endpoint connections at once; one more is refused (a BAD_REQUEST frame "
+        "naming the cap, then closed) and logged.",
+    )
     liveness_port: int = setting(
         0,
         "Port of the heartbeat endpoint (its own threads: client load cannot delay it), learnt "
@@ -149,6 +170,14 @@ class MasterConfig:
                     f"--{name.replace('_', '-')} must be 0-65535 (0 picks a free one) or -1 "
                     f"(off), got {value}"
                 )
+        for name in ("max_batch_items", "max_calls_per_connection", "max_connections"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise InvalidArgumentError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.idle_timeout_s < 0:
+            raise InvalidArgumentError(
+                f"--idle-timeout must be >= 0 (0: never), got {self.idle_timeout_s}"
+            )
         if self.suspect_grace_s < 0:
             raise InvalidArgumentError(
                 f"--suspect-grace must be >= 0 (0: drop a node at its TTL), "

@@ -7,6 +7,16 @@ Each request runs the MasterServicer method of the same name that gRPC would run
 finishes without waiting (lookups, PutStart on a quiet table) is answered before the next frame
 is read, with no task created; one that waits (a PutEnd's group commit) continues as a task, so
 later calls on the connection are not held behind it.
+
+Bounds (issue 11), so one client cannot take the master's memory or its loop:
+- calls in flight per connection: at `max_calls_per_connection` the server stops reading the
+  socket (the client's writes then block in its kernel buffer: backpressure, no unbounded
+  buffering here) and reads again once calls finish;
+- an idle connection (nothing in flight, nothing received for `idle_timeout_s`) is closed;
+- at most `max_connections` connections: one more is answered with a refusal frame (call id 0,
+  BAD_REQUEST, naming the cap) and closed, and the refusal is logged;
+- a call refused as bad input (InvalidArgumentError, e.g. a batch over the cap) is answered
+  BAD_REQUEST with its message, without a stack trace in the log.
 """
 
 from __future__ import annotations
@@ -16,11 +26,13 @@ import errno
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
+from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
 from mooncake_store.common.grpc_options import port_in_use
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -65,9 +77,21 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.paused = False  # reading stopped: too many calls in flight
+        self.active_s = time.monotonic()  # when a frame last came or a reply last went
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        cap = self.server.max_connections
+        if len(self.server.connections) >= cap:
+            message = (
+                f"the master serves at most {cap} framed connections (--max-connections); "
+                "this one is refused: close idle clients or raise the cap"
+            )
+            log.warning("refused a framed connection: %s connections open", cap)
+            self.reply(0, FrameStatus.BAD_REQUEST, message.encode())
+            self.transport.close()  # type: ignore[union-attr]
+            return
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -79,20 +103,44 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        self.active_s = time.monotonic()
+        self.run_frames()
+
+    def run_frames(self) -> None:
+        """Dispatch the whole frames buffered, until calls in flight reach the cap: then stop
+        reading the socket and keep the rest for when calls finish (`call_done`)."""
         try:
-            frames, used = split_frames(self.buffer, self.server.max_frame_bytes)
+            frames, _ = split_frames(self.buffer, self.server.max_frame_bytes)
         except ValueError as exc:
             log.warning("framed client sent a bad frame, closing it: %s", exc)
-            assert self.transport is not None
-            self.transport.close()
+            if self.transport is not None:
+                self.transport.close()
             return
-        del self.buffer[:used]
+        used = 0
+        cap = self.server.max_calls_per_connection
         for call_id, method, payload in frames:
+            if len(self.tasks) >= cap:
+                break
+            used += HEADER.size + len(payload)
             self.dispatch(call_id, method, payload)
+        del self.buffer[:used]
+        full = len(self.tasks) >= cap
+        if full != self.paused and self.transport is not None:
+            self.paused = full
+            if full:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def call_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if self.paused and len(self.tasks) < self.server.max_calls_per_connection:
+            self.run_frames()  # the frames kept back, then reading resumes
 
     def reply(self, call_id: int, status: FrameStatus, payload: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(HEADER.pack(len(payload), call_id, status) + payload)
+            self.active_s = time.monotonic()
 
     def dispatch(self, call_id: int, method: int, payload: bytes) -> None:
         handler = self.server.handlers.get(method)
@@ -118,7 +166,7 @@ class _Connection(asyncio.Protocol):
             self.finish(call_id, method, _Resume(coro, waiting))
         )
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self.call_done)
 
     async def finish(self, call_id: int, method: int, pending: _Resume) -> None:
         try:
@@ -129,6 +177,9 @@ class _Connection(asyncio.Protocol):
         self.reply(call_id, FrameStatus.OK, reply.SerializeToString())
 
     def failed(self, call_id: int, method: int, exc: Exception) -> None:
+        if isinstance(exc, InvalidArgumentError):  # bad input (a batch over the cap, ...)
+            self.reply(call_id, FrameStatus.BAD_REQUEST, str(exc).encode())
+            return
         log.exception("framed call %s failed", METHODS[method], exc_info=exc)
         self.reply(call_id, FrameStatus.INTERNAL, f"{type(exc).__name__}: {exc}".encode())
 
@@ -137,9 +188,20 @@ class FramedServer:
     """Serves `servicer`'s framed methods on host:port (port 0 picks a free one)."""
 
     def __init__(
-        self, servicer: object, *, max_frame_bytes: int, tls: TlsConfig = PLAINTEXT
+        self,
+        servicer: object,
+        *,
+        max_frame_bytes: int,
+        tls: TlsConfig = PLAINTEXT,
+        max_calls_per_connection: int = 256,
+        idle_timeout_s: float = 600.0,
+        max_connections: int = 4096,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.max_calls_per_connection = max_calls_per_connection
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self._reaper: asyncio.Task[None] | None = None
         self.tls = tls
         self.servicer = servicer
         self.opened = 0  # connections accepted: each one's owner id
@@ -177,12 +239,28 @@ class FramedServer:
         except OSError as exc:  # the TCP endpoint is enough
             sock.close()
             log.warning("no unix framed endpoint (%s); clients use TCP", exc)
+        if self.idle_timeout_s > 0:
+            self._reaper = loop.create_task(self._close_idle())
         return port
+
+    async def _close_idle(self) -> None:
+        """Close connections with nothing in flight and nothing received for the timeout."""
+        while True:
+            await asyncio.sleep(min(self.idle_timeout_s / 4, 30.0))
+            quiet_since = time.monotonic() - self.idle_timeout_s
+            for connection in list(self.connections):
+                idle = not connection.tasks and not connection.buffer
+                if idle and connection.active_s < quiet_since and connection.transport:
+                    log.info("closing a framed connection idle for %.0fs", self.idle_timeout_s)
+                    connection.transport.close()
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, let calls in flight finish for up to `grace_s`, then close."""
         if self._server is None:
             return
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         self._server.close()
         if self._unix is not None:
             self._unix.close()

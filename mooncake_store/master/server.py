@@ -140,7 +140,15 @@ class MasterServer:
         self._store.start()
         if restored:
             log.info("restored %d committed objects from %s", restored, data_dir)
-        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
+        cfg = self.config
+        server = grpc.aio.server(
+            options=[
+                *server_options(cfg.max_message_bytes),
+                ("grpc.max_concurrent_streams", cfg.max_calls_per_connection),
+                *([("grpc.max_connection_idle_ms", int(cfg.idle_timeout_s * 1000))]
+                  if cfg.idle_timeout_s > 0 else []),
+            ]
+        )  # fmt: skip
         self._servicer = MasterServicer(
             self.table, self._store, self.config, self.tiering, self.replication,
             drains=self.drains,
@@ -164,6 +172,9 @@ class MasterServer:
                 InstrumentedServicer(self._servicer, self.metrics, "framed"),
                 max_frame_bytes=self.config.max_message_bytes,
                 tls=tls,
+                max_calls_per_connection=cfg.max_calls_per_connection,
+                idle_timeout_s=cfg.idle_timeout_s,
+                max_connections=cfg.max_connections,
             )
             self.framed_port = self._servicer.framed_port = await self._framed.start(
                 self.config.host, self.config.framed_port

@@ -32,6 +32,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.grant import GrantMode, sign
 from mooncake_store.common.version import __version__
+from mooncake_store.master.batches import SLICE_ITEMS, capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
@@ -192,7 +193,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         # closes (`connection_closed`).  gRPC tells the server of no connection's end: those
         # puts end by PutEnd, PutRevoke or the put timeout.
         owner = getattr(context, "owner_id", 0)
-        results = [self._put_start(i, owner) for i in items]
+        results = await each(items, lambda i: self._put_start(i, owner))
         try:
             await self.persist_dirty()  # evicted blocks are gone for good before their space
         except Exception as exc:  # is reused: when that cannot be written, nobody gets it
@@ -208,6 +209,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                     result.status.CopyFrom(failure)
         return results
 
+    @capped("items")
     async def BatchPutStart(
         self, request: pb.BatchPutStartRequest, context: object
     ) -> pb.BatchPutStartResponse:
@@ -238,7 +240,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         results: list[pb.PutEndResult | None] = []
         sealed: list[ObjectMeta] = []
         waits: list[asyncio.Future[None]] = []
-        for item in items:
+        for done, item in enumerate(items):
+            await pause_every(done)
             repeated = self._repeated_put_end(item)
             if repeated is not None:
                 results.append(repeated)
@@ -307,6 +310,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutEnd(self, request: pb.PutEndItem, context: object) -> pb.PutEndResult:
         return (await self._put_end([request]))[0]
 
+    @capped("items")
     async def BatchPutEnd(
         self, request: pb.BatchPutEndRequest, context: object
     ) -> pb.BatchPutEndResponse:
@@ -391,8 +395,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def PutRevoke(self, request: pb.KeyRequest, context: object) -> pb.Status:
         return self._revoke(request.key)
 
+    @capped("keys")
     async def BatchPutRevoke(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
-        return pb.StatusesResponse(statuses=[self._revoke(k) for k in request.keys])
+        return pb.StatusesResponse(statuses=await each(request.keys, self._revoke))
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -419,39 +424,57 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             )
         return out
 
-    def _replica_lists(
+    async def _replica_lists(
         self, keys: Sequence[str], fingerprint: bytes
     ) -> pb.BatchGetReplicaListResponse:
         reply = pb.BatchGetReplicaListResponse()
-        for key in keys:
-            self._replica_list(reply.results.add(), key, fingerprint)
+        results = reply.results
+        for done, key in enumerate(keys):
+            await pause_every(done)
+            self._replica_list(results.add(), key, fingerprint)
         return reply
 
     async def GetReplicaList(self, request: pb.KeyRequest, context: object) -> pb.ReplicaListResult:
         return self._replica_list(pb.ReplicaListResult(), request.key, request.fingerprint)
 
+    @capped("keys")
     async def BatchGetReplicaList(
         self, request: pb.KeysRequest, context: object
     ) -> pb.BatchGetReplicaListResponse:
-        return self._replica_lists(request.keys, request.fingerprint)
+        return await self._replica_lists(request.keys, request.fingerprint)
 
+    async def _prefix_match(self, keys: Sequence[str], fingerprint: bytes) -> int:
+        matched = 0
+        for start in range(0, len(keys), SLICE_ITEMS):
+            if start:
+                await asyncio.sleep(0)
+            part = keys[start : start + SLICE_ITEMS]
+            found = self.table.prefix_match(part, fingerprint)
+            matched += found
+            if found < len(part):
+                break
+        return matched
+
+    @capped("keys")
     async def PrefixMatch(self, request: pb.KeysRequest, context: object) -> pb.PrefixMatchResponse:
         return pb.PrefixMatchResponse(
-            matched=self.table.prefix_match(request.keys, request.fingerprint)
+            matched=await self._prefix_match(request.keys, request.fingerprint)
         )
 
+    @capped("keys")
     async def GetPrefix(
         self, request: pb.KeysRequest, context: object
     ) -> pb.BatchGetReplicaListResponse:
-        matched = self.table.prefix_match(request.keys, request.fingerprint)
+        matched = await self._prefix_match(request.keys, request.fingerprint)
         keys = request.keys[:matched]
-        return self._replica_lists(keys, request.fingerprint)
+        return await self._replica_lists(keys, request.fingerprint)
 
     async def Exists(self, request: pb.KeyRequest, context: object) -> pb.ExistsResult:
         return pb.ExistsResult(exists=self.table.exists(request.key))
 
+    @capped("keys")
     async def BatchExists(self, request: pb.KeysRequest, context: object) -> pb.BatchExistsResponse:
-        return pb.BatchExistsResponse(exists=[self.table.exists(k) for k in request.keys])
+        return pb.BatchExistsResponse(exists=await each(request.keys, self.table.exists))
 
     async def _remove(self, keys: list[str], unless_leased: bool = False) -> list[pb.Status]:
         """Durable before visible: the deletes reach RocksDB first, then the objects go.  When
@@ -459,7 +482,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         `unless_leased`, an object being read is refused (ObjectHasLeaseError)."""
         statuses: list[pb.Status | None] = []
         doomed: list[ObjectMeta] = []
-        for key in keys:
+        for done, key in enumerate(keys):
+            await pause_every(done)
             try:
                 if unless_leased and self.table.leased(key):
                     raise ObjectHasLeaseError(
@@ -489,6 +513,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def Remove(self, request: pb.KeyRequest, context: object) -> pb.Status:
         return (await self._remove([request.key]))[0]
 
+    @capped("keys")
     async def BatchRemove(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
         return pb.StatusesResponse(
             statuses=await self._remove(list(request.keys), request.unless_leased)
@@ -510,11 +535,13 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             next_cursor="" if next_slot < 0 else str(next_slot),
         )
 
+    @capped("keys")
     async def BatchDescribe(
         self, request: pb.KeysRequest, context: object
     ) -> pb.BatchDescribeResponse:
         reply = pb.BatchDescribeResponse()
-        for key in request.keys:
+        for done, key in enumerate(request.keys):
+            await pause_every(done)
             out = reply.results.add()
             meta = self.table.get(key) if self.table.exists(key) else None
             if meta is None:
@@ -660,11 +687,13 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- corrupt objects ------------------------------------------------------------------
 
+    @capped("reports")
     async def BatchReportCorrupt(
         self, request: pb.ReportCorruptRequest, context: object
     ) -> pb.StatusesResponse:
         statuses: list[pb.Status] = []
-        for report in request.reports:
+        for done, report in enumerate(request.reports):
+            await pause_every(done)
             replicas = [Replica(r.segment_id, r.offset) for r in report.replicas]
             if self.table.report_corrupt(report.key, report.checksum, replicas):
                 log.warning(

@@ -1,0 +1,167 @@
+"""Bounds on what one client can make the master's serving loop do (master/batches.py,
+master/framed_server.py): batch caps, batches served in slices, calls in flight per connection,
+idle connections, and the connection cap."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mooncake_store import Client, InvalidArgumentError
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.cluster import LocalCluster
+from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
+from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.server import MasterServer
+from mooncake_store.master.service import MasterServicer
+from tests.conftest import wait_until
+from tests.integration.test_liveness import InProcessMaster
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("capped")
+    with LocalCluster(root, nodes=1, dram="32MiB", master_args=["--max-batch-items", "100"]) as c:
+        yield c
+
+
+@pytest.mark.parametrize("framed", [True, False])
+def test_a_batch_over_the_cap_is_refused_whole_naming_the_cap(
+    capped: LocalCluster, framed: bool
+) -> None:
+    with Client(capped.master_address, framed=framed) as store:
+        store.put("k0", b"v")
+        keys = [f"k{i}" for i in range(101)]
+        for call in (store.exists_many, store.get_many):
+            with pytest.raises(InvalidArgumentError, match=r"at most 100 .*--max-batch-items"):
+                call(keys)
+        assert store.exists_many(keys[:100]) == [True] + [False] * 99  # at the cap: served
+        assert store.get("k0") == b"v"
+
+
+def test_a_big_batch_yields_to_the_loop_between_slices(tmp_path: Path) -> None:
+    """Driven by hand: each suspension of the coroutine is a yield to the serving loop, where
+    other calls (and the tick) run.  A small batch still completes without one."""
+    server = MasterServer(MasterConfig(port=0, data_dir=str(tmp_path)))
+    servicer = MasterServicer(server.table, None, server.config, server.tiering,  # type: ignore[arg-type]
+                              server.replication)  # fmt: skip
+
+    def suspensions(coro: object) -> tuple[int, object]:
+        count = 0
+        while True:
+            try:
+                coro.send(None)  # type: ignore[attr-defined]
+            except StopIteration as stop:
+                return count, stop.value
+            count += 1
+
+    big = pb.KeysRequest(keys=[f"key-{i}" for i in range(5000)])
+    count, reply = suspensions(servicer.BatchExists(big, None))
+    assert count == 4 and list(reply.exists) == [False] * 5000  # 5 slices of <= 1024 keys
+    count, reply = suspensions(servicer.BatchGetReplicaList(big, None))
+    assert count == 4 and len(reply.results) == 5000
+    count, reply = suspensions(servicer.BatchExists(pb.KeysRequest(keys=["a", "b"]), None))
+    assert count == 0 and list(reply.exists) == [False, False]
+
+
+def frame(call_id: int, method: str, request: object) -> bytes:
+    payload = request.SerializeToString()  # type: ignore[attr-defined]
+    return HEADER.pack(len(payload), call_id, METHOD_IDS[method]) + payload
+
+
+def read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    head = b""
+    while len(head) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(head))
+        if not chunk:
+            raise ConnectionError("closed")
+        head += chunk
+    size, call_id, status = HEADER.unpack(head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("closed")
+        body += chunk
+    return call_id, status, body
+
+
+def closed_by_peer(sock: socket.socket, timeout_s: float) -> bool:
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_framed_connections_are_bounded(tmp_path: Path) -> None:
+    config = MasterConfig(
+        port=0, data_dir=str(tmp_path), max_calls_per_connection=2, max_connections=3,
+        idle_timeout_s=1.0,
+    )  # fmt: skip
+    master = InProcessMaster(config)
+    framed = master.server._framed
+    assert framed is not None
+    address = ("127.0.0.1", master.server.framed_port)
+    seen: list[tuple[int, bool]] = []  # (calls in flight, reading paused), sampled in the loop
+
+    async def sample() -> None:
+        while True:
+            for connection in list(framed.connections):
+                seen.append((len(connection.tasks), connection.paused))
+            await asyncio.sleep(0)
+
+    sampler = asyncio.run_coroutine_threadsafe(sample(), master.loop)
+    try:
+        # Pipelined big lookups (each served in slices, so each stays in flight a while): never
+        # more than 2 in flight on the connection; the rest wait unread, and every one is
+        # answered, in full.
+        with socket.create_connection(address) as sock:
+            big = pb.KeysRequest(keys=[f"key-{i}" for i in range(20000)])
+            sock.sendall(b"".join(frame(i, "BatchExists", big) for i in range(1, 21)))
+            replies = {}
+            for _ in range(20):
+                call_id, status, body = read_frame(sock)
+                assert status == FrameStatus.OK
+                replies[call_id] = len(pb.BatchExistsResponse.FromString(body).exists)
+            assert replies == dict.fromkeys(range(1, 21), 20000)
+        assert max(n for n, _ in seen) <= 2 and any(paused for _, paused in seen)
+
+        # The connection cap: the fourth connection is refused with a frame naming the cap.
+        opened = [socket.create_connection(address) for _ in range(3)]
+        wait_until(lambda: len(framed.connections) == 3, what="three connections")
+        with socket.create_connection(address) as extra:
+            call_id, status, body = read_frame(extra)
+            assert (call_id, status) == (0, FrameStatus.BAD_REQUEST)
+            assert b"at most 3 framed connections (--max-connections)" in body
+            assert closed_by_peer(extra, 5)
+        # An open one still serves; all of them go once idle for the timeout.
+        opened[0].sendall(frame(7, "BatchExists", pb.KeysRequest(keys=["x"])))
+        assert read_frame(opened[0])[:2] == (7, FrameStatus.OK)
+        assert all(closed_by_peer(s, 10) for s in opened)
+        for s in opened:
+            s.close()
+    finally:
+        sampler.cancel()
+        master.close()
+
+
+def test_clients_reconnect_after_an_idle_close(tmp_path: Path) -> None:
+    config = MasterConfig(port=0, data_dir=str(tmp_path), idle_timeout_s=0.5)
+    master = InProcessMaster(config)
+    try:
+        with Client(f"127.0.0.1:{master.port}") as store:
+            assert store.exists_many(["a"]) == [False]
+            wait_until(lambda: not master.server._framed.connections, what="idle close")  # type: ignore[union-attr]
+            time.sleep(0.1)
+            assert store.exists_many(["a", "b"]) == [False, False]
+    finally:
+        master.close()
