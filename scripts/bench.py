@@ -152,9 +152,13 @@ def bench_store(
     *,
     local_shm: bool,
     tls: TlsConfig | None = None,
+    leases: bool = False,
+    system: str | None = None,
 ) -> dict:
-    system = "ours-shm" if local_shm else "ours-tcp-tls" if tls is not None else "ours-tcp"
-    with Client(master, local_shm=local_shm, tls=tls or TlsConfig()) as store:
+    system = system or (
+        "ours-shm" if local_shm else "ours-tcp-tls" if tls is not None else "ours-tcp"
+    )
+    with Client(master, local_shm=local_shm, tls=tls or TlsConfig(), leases=leases) as store:
         keys = [f"bench/{system}/{size}/{i}" for i in range(count)]
         warm = np.ones(size, dtype=np.uint8)
         store.put_from("warmup", warm)  # maps the pool, opens connections
@@ -212,6 +216,22 @@ def bench_memcpy(size: int, count: int, max_s: float) -> dict:
     put_s, put_wall = timed(count, max_s, lambda i: np.copyto(slot(i), buf))
     get_s, get_wall = timed(count, max_s, lambda i: np.copyto(buf, slot(i)))
     return record("memcpy", size, put_s, get_s, put_wall, get_wall)
+
+
+def bench_memcpy_cold(size: int, count: int, max_s: float) -> dict:
+    """A copy whose source and destination each rotate through their own 256 MiB, so neither
+    side runs from cache: the limit of a read out of (or a write into) a pool (issue 14)."""
+    slots = max(1, WORKING_SET // size)
+    src = np.ones(slots * size, dtype=np.uint8)  # pre-faulted
+    dst = np.ones(slots * size, dtype=np.uint8)
+
+    def slot(ring: np.ndarray, i: int) -> np.ndarray:
+        start = (i % slots) * size
+        return ring[start : start + size]
+
+    put_s, put_wall = timed(count, max_s, lambda i: np.copyto(slot(dst, i), slot(src, i + 7)))
+    get_s, get_wall = timed(count, max_s, lambda i: np.copyto(slot(src, i), slot(dst, i + 3)))
+    return record("memcpy-cold", size, put_s, get_s, put_wall, get_wall)
 
 
 def bench_tcp(size: int, count: int, max_s: float) -> dict:

@@ -9,10 +9,12 @@ measures:
   mooncake-shm   Mooncake Store, dummy client -> real client over shared memory (put_from/get_into)
   mooncake-tcp   Mooncake Store, segment in a second process, TCP transport (put_from/get_into)
   redis          redis-server with redis-py + hiredis (SET/GET)
+  memcpy-cold    numpy copy whose source and destination each rotate through 256 MiB
 and, when asked for (not by default):
-  ours-shm-nosync, ours-tcp-nosync   ours against a second master run with --no-sync-commits
-                 (commits reach RocksDB's log but are not fsync'd: what a put costs without the
-                 durable commit that Mooncake's in-memory master never makes)
+  ours-shm-lease, ours-tcp-lease   ours with allocation leases (Client(leases=True)): a steady
+                 put is one master round trip
+  ours-shm-sync, ours-tcp-sync     ours against a second master run with --sync-commits (an
+                 fsync per group commit; the default mode fsyncs in the background)
 Ours are measured here (one Client per thread); the peers run through the peer harness in
 `scripts/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
 that is not installed is skipped, and the script says so.  Prints a table with our/peer ratios,
@@ -52,9 +54,11 @@ from mooncake_store import Client  # noqa: E402
 from mooncake_store.cluster import LocalCluster  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
-ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp"]
-NOSYNC = ["ours-shm-nosync", "ours-tcp-nosync"]  # opt-in
-KNOWN = ALL + NOSYNC
+ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp",
+       "memcpy-cold"]  # fmt: skip
+LEASE = ["ours-shm-lease", "ours-tcp-lease"]  # opt-in
+SYNC = ["ours-shm-sync", "ours-tcp-sync"]  # opt-in
+KNOWN = ALL + LEASE + SYNC
 PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
          "redis": ("redis", None)}  # fmt: skip
 HARNESS = ROOT / "scripts" / "peers" / "bench_peers.py"  # see scripts/peers/README.md
@@ -66,12 +70,12 @@ def ours(
 ) -> dict:
     """Our store with `threads` client threads sharing one Client (as the peers' harness shares
     one Mooncake client), each with its own buffers and keys; every phase starts together."""
+    leases = system.endswith("-lease")
     if threads == 1:
-        rec = bench.bench_store(master, size, count, max_s, local_shm=shm)
-        rec["system"] = system
-        return rec
+        return bench.bench_store(master, size, count, max_s, local_shm=shm, leases=leases,
+                                 system=system)  # fmt: skip
     per = max(1, count // threads)
-    with Client(master, local_shm=shm) as store:
+    with Client(master, local_shm=shm, leases=leases) as store:
         keys = [[f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
                 for t in range(threads)]  # fmt: skip
         ops = [bench.stamped_ops(store, size, keys[t]) for t in range(threads)]
@@ -164,8 +168,9 @@ def table(records: list[dict]) -> str:
              f"{'put p50us':>9} {'get p50us':>9}  ours/peer (put, get)"]  # fmt: skip
     index = {(r["system"], r["size_bytes"], r["threads"]): r for r in records}
     pairs = {"mooncake-shm": "ours-shm", "mooncake-tcp": "ours-tcp", "redis": "ours-shm",
-             "memcpy": "ours-shm", "tcp": "ours-tcp"}  # fmt: skip
-    peer_of = {"ours-shm-nosync": "mooncake-shm", "ours-tcp-nosync": "mooncake-tcp"}
+             "memcpy": "ours-shm", "tcp": "ours-tcp", "memcpy-cold": "ours-shm"}  # fmt: skip
+    peer_of = {"ours-shm-lease": "mooncake-shm", "ours-tcp-lease": "mooncake-tcp",
+               "ours-shm-sync": "mooncake-shm", "ours-tcp-sync": "mooncake-tcp"}  # fmt: skip
     for r in sorted(
         records, key=lambda r: (r["size_bytes"], r["threads"], KNOWN.index(r["system"]))
     ):
@@ -245,13 +250,14 @@ def main() -> None:
             cluster = stack.enter_context(
                 LocalCluster(f"{tmp}/sync", nodes=1, dram=dram, master_args=["--lease-ttl", "1s"])
             )
-            ours_systems = [(s, s == "ours-shm", cluster) for s in ("ours-shm", "ours-tcp")]
-            if any(s in systems for s in NOSYNC):
-                unsynced = stack.enter_context(
-                    LocalCluster(f"{tmp}/nosync", nodes=1, dram=dram,
-                                 master_args=["--lease-ttl", "1s", "--no-sync-commits"])
+            ours_systems = [(s, s.startswith("ours-shm"), cluster)
+                            for s in ("ours-shm", "ours-tcp", *LEASE)]  # fmt: skip
+            if any(s in systems for s in SYNC):
+                synced = stack.enter_context(
+                    LocalCluster(f"{tmp}/synced", nodes=1, dram=dram,
+                                 master_args=["--lease-ttl", "1s", "--sync-commits"])
                 )  # fmt: skip
-                ours_systems += [(s, s == "ours-shm-nosync", unsynced) for s in NOSYNC]
+                ours_systems += [(s, s == "ours-shm-sync", synced) for s in SYNC]
             for run in range(args.runs):
                 for size in sizes:
                     count = max(1, min(args.max_ops, total // size))
@@ -262,6 +268,8 @@ def main() -> None:
                                                     args.max_seconds, t, shm, system))  # fmt: skip
                     if "memcpy" in systems:
                         records.append(bench.bench_memcpy(size, count, args.max_seconds))
+                    if "memcpy-cold" in systems:
+                        records.append(bench.bench_memcpy_cold(size, count, args.max_seconds))
                     if "tcp" in systems:
                         records.append(bench.bench_tcp(size, count, args.max_seconds))
                     records += peers([s for s in systems if s in PEERS], size, threads,
