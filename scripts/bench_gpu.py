@@ -14,6 +14,7 @@ reads), then for each size measures one client thread, median of --repeat, GB/s:
 Prints a table, writes JSON records (`--json`).  Without a GPU (or cupy) it says so and exits 0.
 
     python scripts/bench_gpu.py [--sizes 1M,4M,16M,64M] [--repeat 20] [--json OUT.json]
+        [--leases] [--no-tier]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mooncake_store.cluster import LocalCluster  # noqa: E402
 from mooncake_store.common.gpu import gpu_count  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
+LEASES = False  # --leases: Client(leases=True), a steady put is one master round trip
 COLUMNS = ["get_into(cupy)", "get_into(numpy)", "put_from(cupy)", "put_from(numpy)",
            "tcp get_into(cupy)", "gpu-tier get(cupy)", "pinned H2D", "pinned D2H",
            "pageable H2D", "pageable D2H"]  # fmt: skip
@@ -85,8 +87,10 @@ def store_cases(cupy, cluster: LocalCluster, size: int, repeat: int, sync) -> di
         counter[0] += 1
         return f"bench/{tag}/{size}/{counter[0]}"
 
-    with Client(cluster.master_address) as store, Client(cluster.master_address,
-                                                         local_shm=False) as tcp:  # fmt: skip
+    with (
+        Client(cluster.master_address, leases=LEASES) as store,
+        Client(cluster.master_address, local_shm=False, leases=LEASES) as tcp,
+    ):
         store.put(f"bench/src/{size}", host)
         key = f"bench/src/{size}"
         out["get_into(cupy)"] = timed(lambda: store.get_into(key, dest_dev), repeat, sync)
@@ -156,7 +160,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-tier", action="store_true", help="skip the GPU-tier reads")
+    parser.add_argument("--leases", action="store_true", help="clients hold allocation leases")
     args = parser.parse_args()
+    global LEASES
+    LEASES = args.leases
     if gpu_count() == 0:
         print("bench_gpu: no CUDA GPU usable through cupy here (or cupy not installed); skipped")
         return 0

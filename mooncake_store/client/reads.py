@@ -110,6 +110,7 @@ class ReadFlows(LocalPools):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffers")
         keys = [validate_key(k) for k in keys]
         views, devices = self._targets(buffers)
+        staged = devices  # every pinned staging buffer goes back, used or not
         try:
             results = yield lookup(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
@@ -123,7 +124,7 @@ class ReadFlows(LocalPools):
                 yield from self._read_all(keys, infos, [[v] for v in views], fingerprint)
             self._to_devices(devices, infos)
         finally:
-            self._release(devices)
+            self._release(staged)
         return infos
 
     def _read_parts_flow(
