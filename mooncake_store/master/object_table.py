@@ -865,7 +865,7 @@ class ObjectTable(ReplicaRelocation):
         floor = self._next_generation
         return [
             (seg, floor, frozenset(open_.get(seg.segment_id, ())))
-            for seg in self._segments.values()
+            for seg in self._segments.values()  # suspect nodes too: they may be writable
             if seg.tier is Tier.DRAM
         ]
 

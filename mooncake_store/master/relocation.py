@@ -14,6 +14,7 @@ eviction policy) on top of `Membership` (membership.py: nodes and segments).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,15 @@ from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.membership import Membership
 from mooncake_store.master.objects import Replica
 from mooncake_store.master.segments import Segment
+
+log = logging.getLogger("mooncake.master")
+
+
+def _log_stale(key: str, dst: Segment, offset: int) -> None:
+    log.info(
+        "ignored the end of a copy of %r into segment %x at offset %d: that mount (generation "
+        "%d) is gone, and its space with it", key, dst.segment_id, offset, dst.generation,
+    )  # fmt: skip
 
 
 class ReplicaRelocation(Membership):
@@ -62,6 +72,8 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         size_bytes = self._moves.pop((dst.segment_id, dst.generation, offset), 0)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
+        if not live_dst:
+            _log_stale(key, dst, offset)
         valid = (
             slot is not None and self._cold_get(slot, "moving") and source in self._replicas(slot)
         )
@@ -88,6 +100,8 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         size_bytes = self._moves.pop((dst.segment_id, dst.generation, offset), 0)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
+        if not live_dst:
+            _log_stale(key, dst, offset)
         valid = (
             slot is not None and self._cold_get(slot, "moving") and self._state[slot] == COMPLETE
         )

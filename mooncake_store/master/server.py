@@ -116,6 +116,7 @@ class MasterServer:
         self.table.draining = self.replication.avoid = self.drains.draining
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
+        self._fencing: asyncio.Task[None] | None = None  # the write-fence push in flight
         self._servicer: MasterServicer | None = None
         self._moving: dict[str, asyncio.Task[None]] = {}
         self.port: int | None = None
@@ -264,11 +265,19 @@ class MasterServer:
             task = asyncio.get_running_loop().create_task(self.mover.release(released))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
-        fences = self.table.take_fences()
-        if fences:  # write grants of puts that ended: the nodes refuse them from now on
+        # Write grants of puts that ended: the nodes refuse them from now on.  One push at a
+        # time (a stalled node must not pile them up); what ends meanwhile goes in the next.
+        fences = self.table.take_fences() if self._fencing is None else []
+        if fences:
             task = asyncio.get_running_loop().create_task(self.mover.fence(fences))
+            self._fencing = task
             self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            task.add_done_callback(self._fenced)
+
+    def _fenced(self, task: asyncio.Task[None]) -> None:
+        self._releases.discard(task)
+        if self._fencing is task:
+            self._fencing = None
 
     def _start(self, running: dict[str, asyncio.Task[None]],
                work: dict[str, Coroutine[Any, Any, None]]) -> None:  # fmt: skip
