@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv proto bench bench-compare peers clean lint node-client
+.PHONY: run test venv proto bench bench-compare peers clean lint node-client chaos chaos-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +20,20 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/mooncake-cluster --demo $(ARGS)
 
-test: $(STAMP) node-client
+test: $(STAMP) node-client chaos-deps
 	$(PY) -m pytest -q $(ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The Node.js conformance client's runtime and npm packages (clients/node; see the script).
 node-client:
 	bash scripts/install-node-client.sh
+
+# Debian's faketime for the chaos harness's clock-step faults (see the script; skipped without).
+chaos-deps:
+	bash scripts/install-deps.sh
+
+# The chaos harness (README "Chaos"), e.g. `make chaos ARGS="--duration 300 --nodes 3"`.
+chaos: $(STAMP) chaos-deps
+	$(PY) scripts/chaos.py $(ARGS)
 
 # Regenerate the gRPC stubs from proto/ (the generated files are committed so a fresh clone works).
 proto: $(STAMP)

@@ -1,28 +1,46 @@
 #!/usr/bin/env python3
-"""Chaos harness: a real cluster under load while processes and connections are killed.
+"""Chaos harness: a real cluster under load while processes, connections and clocks misbehave.
 
 Starts a master and N store nodes as processes on 127.0.0.1 and drives a mixed put/get load
 from several client processes.  Every block's content is derived from its key, so any read can
 be checked; a client records a key only after its put was acknowledged.  Meanwhile faults are
-injected on a schedule: kill -9 of a node (restarted later under the same id, its DRAM gone),
-SIGSTOP of a node for longer than the heartbeat TTL (alive but silent), kill -9 and restart of
-the master, and TCP connections to a node's data port dropped mid-transfer (`ss -K`).
+injected, every kind once per round in a random order:
 
-The promise checked: a committed block with a surviving replica is never lost and a wrong byte
-is never returned.  So that every acknowledged block has a surviving replica, puts ask for two
-replicas and a node fault is only injected once the cluster has repaired the previous one (no
-block below its replica count).  At the end the faults stop, the cluster settles, and every
-acknowledged block is read back and compared.
+- kill_node: kill -9 of a node, restarted later under the same id (its DRAM gone);
+- stop_node_in_grace: SIGSTOP of a node past its heartbeat TTL but inside the suspect grace
+  window (it is suspect, then offered again with its replicas);
+- stop_node_past_grace: SIGSTOP past TTL + grace (it is dropped; its blocks are repaired from
+  their other replica);
+- kill_master: kill -9 and restart of the master;
+- drop_connections: TCP connections to a node's data port dropped mid-transfer (`ss -K`);
+- master_stall: a heavy, legal read-only load (threads sending 20k-key lookups back to back);
+- clock_forward / clock_backward: the master's wall clock stepped +11..30 s / -60 s and back
+  (an NTP step), with libfaketime (Debian `faketime`; `scripts/install-deps.sh` installs it;
+  without it these two are skipped and listed under `faults_skipped`);
+- duplicate_node_id: a second node process started under a live node's id (must be refused).
 
-    python scripts/chaos.py --duration 180 [--nodes 4] [--clients 3] [--json OUT.json]
+The promise checked: an acknowledged block is never lost and a wrong byte is never returned.
+Puts ask for two replicas and a fault is only injected once the cluster has repaired the
+previous one, so every acknowledged block keeps a surviving replica.  The node pools are sized
+from the workload and the node count so that nothing needs evicting even with a node down;
+evictions (the master's counter, summed over its restarts) are reported apart from losses, and a
+run with evictions says that an unreadable block may have been evicted rather than lost (it is
+still counted in `lost_acked_blocks`: a loss is never hidden).  At the end the faults stop, the
+cluster settles (every node mounted, nothing under-replicated), and every acknowledged block is
+read back and compared.
+
+    python scripts/chaos.py --duration 300 --nodes 3 --json OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
+import math
 import multiprocessing as mp
+import os
 import random
 import shutil
 import signal
@@ -38,12 +56,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mooncake_store import Client, Retry  # noqa: E402
-from mooncake_store.cluster import LocalCluster  # noqa: E402
+from mooncake_store.cluster import _MASTER_READY, DaemonProcess, LocalCluster  # noqa: E402
 
+HEARTBEAT_TTL_S = 1.5
+SUSPECT_GRACE_S = 3.0
 MASTER_ARGS = [
-    "--heartbeat-interval", "200ms", "--heartbeat-ttl", "1500ms", "--put-timeout", "5s",
-    "--hot-reads", "0", "--max-copies-per-tick", "512",
+    "--heartbeat-interval", "200ms", "--heartbeat-ttl", f"{HEARTBEAT_TTL_S}s",
+    "--suspect-grace", f"{SUSPECT_GRACE_S}s", "--put-timeout", "5s", "--hot-reads", "0",
+    "--max-copies-per-tick", "512",
 ]  # fmt: skip
+KINDS = [
+    "kill_node", "stop_node_in_grace", "stop_node_past_grace", "kill_master",
+    "drop_connections", "master_stall", "clock_forward", "clock_backward", "duplicate_node_id",
+]  # fmt: skip
+MIN_BLOCK, MAX_BLOCK = 4096, 4096 * 32
+MEAN_BLOCK = (MIN_BLOCK + MAX_BLOCK) / 2
+REPLICAS = 2
+# A Python `time.sleep` under libfaketime with an unfaked monotonic clock fails (EINVAL from
+# clock_nanosleep): the master under test sleeps through select() instead.
+SLEEP_SHIM = (
+    "import runpy, select, sys, time\n"
+    "time.sleep = lambda s: select.select([], [], [], max(0.0, s))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+)
 
 
 def content(key: str, size: int) -> bytes:
@@ -52,7 +88,26 @@ def content(key: str, size: int) -> bytes:
 
 
 def size_of(key: str) -> int:
-    return 4096 * (1 + int(hashlib.sha256(key.encode()).digest()[0]) % 32)  # 4-128 KiB
+    return MIN_BLOCK * (1 + int(hashlib.sha256(key.encode()).digest()[0]) % 32)  # 4-128 KiB
+
+
+def pool_bytes(clients: int, max_puts: int, nodes: int) -> int:
+    """A node pool that holds its share of every block even with one node down, with room to
+    spare (alignment, puts in flight, copies in flight): nothing needs evicting."""
+    data = clients * max_puts * MEAN_BLOCK
+    survivors = nodes - 1
+    per_node = data * min(REPLICAS, survivors) / survivors
+    mib = 1 << 20
+    return max(64 * mib, math.ceil((per_node * 1.5 + 32 * mib) / mib) * mib)
+
+
+def find_libfaketime() -> str | None:
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                    "/usr/local/lib/faketime/libfaketime.so.1"):  # fmt: skip
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
 
 
 # ---- client processes ---------------------------------------------------------------------
@@ -66,7 +121,10 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
     started = time.time()
     pace = max_puts / max(deadline - started, 1.0)  # puts per second, spread over the run
-    with Client(master, replicas=2, retry=patient, timeout_s=3) as store:
+    # Client 0 moves its bytes over TCP (a client on another host: grants are checked by the
+    # nodes), the others through the nodes' shared memory.
+    with Client(master, replicas=REPLICAS, retry=patient, timeout_s=3,
+                local_shm=index != 0) as store:  # fmt: skip
         puts = 0
         while time.time() < deadline:
             due = puts < max_puts and puts < (time.time() - started) * pace + 1
@@ -94,33 +152,98 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                                      "errors": dict(errors)}))  # fmt: skip
 
 
+# ---- the cluster -----------------------------------------------------------------------------
+
+
+class ChaosCluster(LocalCluster):
+    """A LocalCluster whose master runs under libfaketime (when given), so that its wall clock
+    can be stepped by writing `offset_file`; its monotonic clock is left alone."""
+
+    def __init__(self, root: str, *, libfaketime: str | None, **kwargs: object) -> None:
+        super().__init__(root, **kwargs)  # type: ignore[arg-type]
+        self.libfaketime = libfaketime
+        self.offset_file = Path(root) / "clock-offset"
+        self.offset_file.write_text("+0\n")
+
+    def start_master(self) -> DaemonProcess:
+        if self.libfaketime is None:
+            return super().start_master()
+        args = [sys.executable, "-c", SLEEP_SHIM, "mooncake_store.master", "--host", "127.0.0.1",
+                "--port", str(self.master_port), "--data-dir", str(self.data_dir),
+                *self.master_args]  # fmt: skip
+        env = {**os.environ, "LD_PRELOAD": self.libfaketime,
+               "FAKETIME_TIMESTAMP_FILE": str(self.offset_file),
+               "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}  # fmt: skip
+        self.master = DaemonProcess(
+            args, self.log_dir / "master.log", _MASTER_READY, self.timeout_s, env=env
+        )
+        self.master_port = int(self.master.match.group(2))
+        return self.master
+
+    def step_clock(self, offset_s: float) -> None:
+        """Step the master's wall clock to `offset_s` from real time (read on every call: with
+        libfaketime's cache, a backward step would go unread until the fake clock caught up)."""
+        staged = self.offset_file.with_suffix(".new")
+        staged.write_text(f"{offset_s:+.0f}\n")
+        os.replace(staged, self.offset_file)
+
+
 # ---- faults ---------------------------------------------------------------------------------
 
 
 class Chaos:
-    def __init__(self, cluster: LocalCluster, rng: random.Random, interval_s: float) -> None:
+    def __init__(
+        self, cluster: ChaosCluster, rng: random.Random, interval_s: float, kinds: list[str]
+    ) -> None:
         self.cluster = cluster
         self.rng = rng
         self.interval_s = interval_s
         self.faults: Counter[str] = Counter()
+        self.skipped: dict[str, str] = {}
         self.stop = threading.Event()
-        self.can_drop = shutil.which("ss") is not None
         self.log: list[str] = []
+        self.evictions = 0  # summed over the master's lifetimes (its counters restart with it)
+        self._evictions_now = 0
+        self.duplicates_refused = self.duplicates_accepted = 0
+        self.kinds = list(kinds)
+        if "drop_connections" in self.kinds and shutil.which("ss") is None:
+            self._skip("drop_connections", "`ss` (iproute2) is not installed")
+        if cluster.libfaketime is None:
+            for kind in ("clock_forward", "clock_backward"):
+                self._skip(kind, "libfaketime is not installed (scripts/install-deps.sh)")
+
+    def _skip(self, kind: str, why: str) -> None:
+        if kind in self.kinds:
+            self.kinds.remove(kind)
+            self.skipped[kind] = why
 
     def note(self, text: str) -> None:
         self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
         print(self.log[-1], flush=True)
 
+    def client(self, timeout_s: float = 2.0) -> Client:
+        return Client(self.cluster.master_address, timeout_s=timeout_s, retry=Retry(attempts=2))
+
+    def sample(self) -> dict[str, int] | None:
+        """The master's counters now (and its eviction count, kept for the report)."""
+        try:
+            with self.client() as store:
+                counters = store.stats().counters
+        except Exception:  # the master may be restarting
+            return None
+        self._evictions_now = int(counters.get("evictions", 0))
+        return counters
+
     def healthy(self) -> bool:
         """Every node mounted and no block below its replica count."""
         try:
-            with Client(self.cluster.master_address, timeout_s=2,
-                        retry=Retry(attempts=2)) as store:  # fmt: skip
+            with self.client() as store:
                 nodes = {n.node_id for n in store.list_nodes()}
-                return (len(nodes) == len(self.cluster.nodes)
-                        and store.stats().counters.get("under_replicated", 1) == 0)  # fmt: skip
+                counters = store.stats().counters
         except Exception:  # the master may be restarting
             return False
+        self._evictions_now = int(counters.get("evictions", 0))
+        return len(nodes) == len(self.cluster.nodes) and counters.get("under_replicated", 1) == 0
 
     def wait_healthy(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -131,22 +254,22 @@ class Chaos:
         return self.healthy()
 
     def run(self) -> None:
-        kinds = ["kill_node", "stop_node", "kill_master", "drop_connections"]
-        if not self.can_drop:
-            kinds.remove("drop_connections")
         order: list[str] = []
-        while not self.stop.wait(self.interval_s):
+        while self.kinds and not self.stop.wait(self.interval_s):
             if not self.wait_healthy(30):
                 self.note("cluster not healthy yet; holding faults")
                 continue
             if not order:  # every kind once per round, in a random order
-                order = self.rng.sample(kinds, len(kinds))
+                order = self.rng.sample(self.kinds, len(self.kinds))
             kind = order.pop()
             getattr(self, kind)()
             self.faults[kind] += 1
 
+    def _node(self) -> int:
+        return self.rng.randrange(len(self.cluster.nodes))
+
     def kill_node(self) -> None:
-        i = self.rng.randrange(len(self.cluster.nodes))
+        i = self._node()
         self.note(f"kill -9 node-{i}")
         self.cluster.nodes[i].signal(signal.SIGKILL)
         self.cluster.nodes[i].proc.wait()
@@ -154,15 +277,27 @@ class Chaos:
         self.cluster.restart_node(i)
         self.note(f"node-{i} restarted")
 
-    def stop_node(self) -> None:
-        i = self.rng.randrange(len(self.cluster.nodes))
-        self.note(f"SIGSTOP node-{i}")
+    def _stop_node(self, seconds: float) -> None:
+        i = self._node()
+        self.note(f"SIGSTOP node-{i} for {seconds:.1f}s")
         self.cluster.nodes[i].signal(signal.SIGSTOP)
-        time.sleep(self.rng.uniform(2.0, 4.0))  # longer than the 1.5 s heartbeat TTL
+        time.sleep(seconds)
         self.cluster.nodes[i].signal(signal.SIGCONT)
         self.note(f"SIGCONT node-{i}")
 
+    def stop_node_in_grace(self) -> None:
+        self._stop_node(
+            self.rng.uniform(HEARTBEAT_TTL_S + 0.7, HEARTBEAT_TTL_S + SUSPECT_GRACE_S - 1)
+        )
+
+    def stop_node_past_grace(self) -> None:
+        self._stop_node(self.rng.uniform(HEARTBEAT_TTL_S + SUSPECT_GRACE_S + 1.5,
+                                         HEARTBEAT_TTL_S + SUSPECT_GRACE_S + 3))  # fmt: skip
+
     def kill_master(self) -> None:
+        self.sample()  # its eviction count dies with it: keep the last one seen
+        self.evictions += self._evictions_now
+        self._evictions_now = 0
         self.note("kill -9 master")
         self.cluster.master.signal(signal.SIGKILL)  # type: ignore[union-attr]
         self.cluster.master.proc.wait()  # type: ignore[union-attr]
@@ -171,7 +306,7 @@ class Chaos:
         self.note("master restarted")
 
     def drop_connections(self) -> None:
-        i = self.rng.randrange(len(self.cluster.nodes))
+        i = self._node()
         port = self.cluster.node_endpoint(i).rpartition(":")[2]
         self.note(f"dropping TCP connections to node-{i} data port {port}")
         for _ in range(5):
@@ -179,14 +314,75 @@ class Chaos:
                            capture_output=True, check=False)  # fmt: skip
             time.sleep(0.1)
 
+    def master_stall(self, seconds: float = 6.0, threads: int = 2, batch: int = 20_000) -> None:
+        """Lookups of large batches back to back: legal load that used to stall the master's
+        loop long enough for every node to be declared dead."""
+        self.note(f"lookup storm: {threads} threads x {batch}-key lookups for {seconds:.0f}s")
+        until = time.monotonic() + seconds
+        keys = [f"c{c}/{i}" for c in range(4) for i in range(batch // 4)]
+        calls = Counter[str]()
+
+        def storm() -> None:
+            try:
+                with Client(self.cluster.master_address, timeout_s=30,
+                            retry=Retry(attempts=1)) as store:  # fmt: skip
+                    while time.monotonic() < until:
+                        store.exists_many(keys)
+                        calls["ok"] += 1
+            except Exception as exc:  # reported, not fatal: the cluster is what is checked
+                calls[type(exc).__name__] += 1
+
+        workers = [threading.Thread(target=storm) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(seconds + 60)
+        self.note(f"lookup storm over: {dict(calls)}")
+
+    def _step(self, offset_s: float) -> None:
+        self.note(f"master wall clock stepped to {offset_s:+.0f}s")
+        self.cluster.step_clock(offset_s)
+        time.sleep(self.rng.uniform(3.0, 5.0))
+        self.cluster.step_clock(0)
+        self.note("master wall clock stepped back")
+
+    def clock_forward(self) -> None:
+        self._step(self.rng.uniform(11, 30))
+
+    def clock_backward(self) -> None:
+        self._step(-60)
+
+    def duplicate_node_id(self) -> None:
+        i = self._node()
+        self.note(f"starting a second node under node-{i}'s id")
+        args = [sys.executable, "-m", "mooncake_store.node", "--master",
+                self.cluster.master_address, "--host", "127.0.0.1", "--dram", "16MiB",
+                "--node-id", f"node-{i}"]  # fmt: skip
+        log_path = self.cluster.log_dir / f"duplicate-{self.faults['duplicate_node_id']}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                code = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = None
+        if code not in (None, 0):
+            self.duplicates_refused += 1
+            self.note(f"the duplicate of node-{i} was refused (exit {code})")
+        else:
+            self.duplicates_accepted += 1
+            self.note(f"the duplicate of node-{i} was NOT refused (killed after 15 s)")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, required=True, help="seconds of load")
-    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--fault-interval", type=float, default=3.0)
     parser.add_argument("--max-puts", type=int, default=4000, help="per client (bounds data)")
+    parser.add_argument("--faults", default=",".join(KINDS), help="kinds to inject (comma list)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
@@ -194,13 +390,22 @@ def main() -> None:
         parser.error("--nodes must be >= 2: blocks are written with two replicas")
     if args.duration <= 0 or args.duration > 3600:
         parser.error("--duration must be in (0, 3600] seconds")
+    kinds = [k for k in args.faults.split(",") if k]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)}")
 
+    pool = pool_bytes(args.clients, args.max_puts, args.nodes)
     report: dict = {}
     with tempfile.TemporaryDirectory(prefix="mooncake-chaos-") as tmp:
-        # Pools large enough that nothing is evicted: a lost block would then be a real loss.
-        with LocalCluster(tmp, nodes=args.nodes, dram="512MiB",
-                          master_args=MASTER_ARGS) as cluster:  # fmt: skip
-            chaos = Chaos(cluster, random.Random(args.seed), args.fault_interval)
+        with ChaosCluster(tmp, libfaketime=find_libfaketime(), nodes=args.nodes,
+                          dram=f"{pool >> 20}MiB", master_args=MASTER_ARGS) as cluster:  # fmt: skip
+            chaos = Chaos(cluster, random.Random(args.seed), args.fault_interval, kinds)
+            print(
+                f"{args.nodes} nodes of {pool >> 20} MiB; faults: {', '.join(chaos.kinds)}"
+                + (f"; skipped: {chaos.skipped}" if chaos.skipped else ""),
+                flush=True,
+            )
             deadline = time.time() + args.duration
             ctx = mp.get_context("spawn")
             outs = [f"{tmp}/client-{i}.json" for i in range(args.clients)]
@@ -216,6 +421,7 @@ def main() -> None:
             chaos.stop.set()
             injector.join(120)
             chaos.stop.clear()
+            cluster.step_clock(0)
             for node in cluster.nodes:  # bring everything back
                 node.signal(signal.SIGCONT)
             settled = chaos.wait_healthy(60)
@@ -234,21 +440,32 @@ def main() -> None:
                     if data != content(key, size_of(key)):
                         wrong += 1
                 counters = store.stats().counters
+            evictions = chaos.evictions + int(counters.get("evictions", 0))
             errors: Counter[str] = Counter()
             for r in results:
                 errors.update(r["errors"])
             report = {
                 "duration_s": args.duration, "nodes": args.nodes, "clients": args.clients,
+                "pool_bytes_per_node": pool,
                 "acked_blocks": len(acked),
                 "reads": sum(r["reads"] for r in results) + len(acked),
                 "wrong_bytes": sum(r["wrong_bytes"] for r in results) + wrong,
                 "lost_acked_blocks": len(lost),
                 "lost_examples": lost[:10],
                 "unreadable_errors": dict(unreadable_errors),
+                "evictions": evictions,
+                "loss_vs_eviction": (
+                    "exact: nothing was evicted, so every unreadable acknowledged block is lost"
+                    if evictions == 0 else
+                    "evictions happened (pools too small for the workload): an unreadable block "
+                    "may have been evicted; each is still counted as lost"
+                ),
                 "faults_injected": dict(chaos.faults),
+                "faults_skipped": chaos.skipped,
+                "duplicate_node_ids_refused": chaos.duplicates_refused,
+                "duplicate_node_ids_accepted": chaos.duplicates_accepted,
                 "errors": dict(errors),
                 "settled": settled,
-                "evictions": counters.get("evictions", 0),
                 "repairs": counters.get("repairs", 0),
                 "fault_log": chaos.log,
             }  # fmt: skip
@@ -256,8 +473,8 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-    if report["wrong_bytes"] or report["lost_acked_blocks"]:
-        sys.exit(1)
+    failed = report["wrong_bytes"] or report["lost_acked_blocks"] or not report["settled"]
+    sys.exit(1 if failed or report["duplicate_node_ids_accepted"] else 0)
 
 
 if __name__ == "__main__":
