@@ -11,7 +11,9 @@ later calls on the connection are not held behind it.
 Bounds (issue 11), so one client cannot take the master's memory or its loop:
 - calls in flight per connection: at `max_calls_per_connection` the server stops reading the
   socket (the client's writes then block in its kernel buffer: backpressure, no unbounded
-  buffering here) and reads again once calls finish;
+  buffering here) and reads again once calls finish.  The same when the client does not read
+  its replies: once the replies waiting to be sent pass the transport's high-water mark, the
+  server stops reading (and answering) that connection until the client catches up;
 - an idle connection (nothing in flight, nothing received for `idle_timeout_s`) is closed;
 - at most `max_connections` connections: one more is answered with a refusal frame (call id 0,
   BAD_REQUEST, naming the cap) and closed, and the refusal is logged;
@@ -77,7 +79,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.paused = False  # reading stopped: too many calls in flight
+        self.paused = False  # reading stopped: too many calls in flight, or replies unread
+        self.write_blocked = False  # the client does not read its replies fast enough
         self.active_s = time.monotonic()  # when a frame last came or a reply last went
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -117,15 +120,20 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
             return
         used = 0
-        cap = self.server.max_calls_per_connection
         for call_id, method, payload in frames:
-            if len(self.tasks) >= cap:
+            if self.blocked():
                 break
             used += HEADER.size + len(payload)
             self.dispatch(call_id, method, payload)
         del self.buffer[:used]
-        full = len(self.tasks) >= cap
-        if full != self.paused and self.transport is not None:
+        self.update_reading()
+
+    def blocked(self) -> bool:
+        return self.write_blocked or len(self.tasks) >= self.server.max_calls_per_connection
+
+    def update_reading(self) -> None:
+        full = self.blocked()
+        if full != self.paused and self.transport is not None and not self.transport.is_closing():
             self.paused = full
             if full:
                 self.transport.pause_reading()
@@ -134,8 +142,17 @@ class _Connection(asyncio.Protocol):
 
     def call_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        if self.paused and len(self.tasks) < self.server.max_calls_per_connection:
+        if self.paused and not self.blocked():
             self.run_frames()  # the frames kept back, then reading resumes
+
+    def pause_writing(self) -> None:  # the transport's reply buffer passed its high-water mark
+        self.write_blocked = True
+        self.update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_blocked = False
+        if self.paused and not self.blocked():
+            self.run_frames()
 
     def reply(self, call_id: int, status: FrameStatus, payload: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

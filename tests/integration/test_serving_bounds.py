@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,4 +165,51 @@ def test_clients_reconnect_after_an_idle_close(tmp_path: Path) -> None:
             time.sleep(0.1)
             assert store.exists_many(["a", "b"]) == [False, False]
     finally:
+        master.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_client_that_does_not_read_its_replies_is_not_buffered_without_bound(
+    tmp_path: Path,
+) -> None:
+    """The issue's repro, scaled down: one client pipelines lookups and reads no reply.  The
+    master stops reading that connection once its unsent replies pass the high-water mark,
+    instead of queueing megabytes of replies; every reply arrives once the client reads."""
+    master = InProcessMaster(MasterConfig(port=0, data_dir=str(tmp_path)))
+    framed = master.server._framed
+    assert framed is not None
+    most = [0]  # the largest reply backlog seen on the connection, sampled in the loop
+
+    async def sample() -> None:
+        while True:
+            for connection in list(framed.connections):
+                if connection.transport is not None:
+                    size = connection.transport.get_write_buffer_size()
+                    most[0] = max(most[0], size)
+            await asyncio.sleep(0.001)
+
+    sampler = asyncio.run_coroutine_threadsafe(sample(), master.loop)
+    calls, keys = 200, [f"absent-{i}" for i in range(500)]
+    try:
+        with socket.create_connection(("127.0.0.1", master.server.framed_port)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            request = pb.KeysRequest(keys=keys)
+            data = b"".join(frame(i, "BatchGetReplicaList", request) for i in range(calls))
+            sender = threading.Thread(target=sock.sendall, args=(data,))
+            sender.start()
+            time.sleep(1.0)  # the client reads nothing for a while
+            paused = any(c.paused for c in framed.connections)
+            got = 0
+            for _ in range(calls):
+                _, status, body = read_frame(sock)
+                assert status == FrameStatus.OK
+                got += len(pb.BatchGetReplicaListResponse.FromString(body).results) == len(keys)
+            sender.join(10)
+        reply_bytes = len(body)
+        assert got == calls
+        assert paused  # it stopped reading the connection
+        # Unbounded, the backlog would be every reply (calls * reply_bytes, ~4 MB here).
+        assert most[0] < 4 * reply_bytes + 256 * 1024 < calls * reply_bytes
+    finally:
+        sampler.cancel()
         master.close()
