@@ -197,8 +197,9 @@ def test_a_client_that_does_not_read_its_replies_is_not_buffered_without_bound(
             data = b"".join(frame(i, "BatchGetReplicaList", request) for i in range(calls))
             sender = threading.Thread(target=sock.sendall, args=(data,))
             sender.start()
-            time.sleep(1.0)  # the client reads nothing for a while
-            paused = any(c.paused for c in framed.connections)
+            # The client reads nothing until the master stopped reading its connection.
+            paused = wait_until(lambda: any(c.paused for c in framed.connections),
+                                timeout_s=30, what="the master to stop reading")  # fmt: skip
             got = 0
             for _ in range(calls):
                 _, status, body = read_frame(sock)
