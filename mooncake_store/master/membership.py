@@ -14,7 +14,7 @@ core: no I/O, time from the table's injected clock).
   before.  Only a node silent for `heartbeat_ttl_s + suspect_grace_s` is dropped with its
   segments, and an object is deleted only when its last replica goes with them.  Orphan
   segments that do not come back within `restore_grace_s` of the master's start are dropped.
-- Identity: a node id and a segment id each belong to one live node.  A mount that claims the
+- Identity: a node id and a segment id each belong to one mounted node.  A mount that claims the
   id of a node that is still heartbeating (another process under the same --node-id), or a
   segment id another node owns, is refused with IdentityConflictError naming both; nothing of
   the existing node changes.  A node whose heartbeats stopped may be replaced by a mount of a
@@ -224,8 +224,10 @@ class Membership(ObjectColumns):
     ) -> None:
         """Refuse a mount that claims a live node's id or a segment another live node owns.
 
-        A node counts as live while it is not suspect.  A known node that is suspect, or
-        that the caller found gone (`replace`), may be replaced: that is a restart.
+        A node id: a known node that is suspect, or that the caller found gone (`replace`),
+        may be replaced by a new incarnation: that is a restart.  A segment id of another node
+        is refused while that node is mounted at all (suspect too: it may come back with the
+        segment's replicas); once it is dropped the id is free.
         """
         if not replace and self.identity_conflict(node) is not None:
             assert known is not None
@@ -241,9 +243,10 @@ class Membership(ObjectColumns):
             if seg is None or seg.node_id == node.node_id:
                 continue
             owner = self._nodes.get(seg.node_id)
-            if owner is not None and not owner.suspect:
+            if owner is not None:  # suspect ones too: they may come back with its replicas
+                state = "suspect" if owner.suspect else "live"
                 raise IdentityConflictError(
-                    f"segment id {info.segment_id} is owned by live node {seg.node_id!r} "
+                    f"segment id {info.segment_id} is owned by {state} node {seg.node_id!r} "
                     f"({owner.info.endpoint}); the mount of node {node.node_id!r} "
                     f"({node.endpoint}) that claims it is refused"
                 )

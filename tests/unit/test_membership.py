@@ -150,7 +150,7 @@ def test_a_restart_at_the_same_endpoint_or_after_the_ttl_replaces_the_node(table
     assert table.node("node-1").info.incarnation == 4 and not table.node("node-1").suspect
 
 
-def test_a_segment_id_owned_by_another_live_node_is_refused(table) -> None:
+def test_a_segment_id_owned_by_another_mounted_node_is_refused(table, clock) -> None:
     keys = on_node(table, "node-2", 3)
     thief = node_info("node-9")
     with pytest.raises(IdentityConflictError) as refused:
@@ -160,6 +160,16 @@ def test_a_segment_id_owned_by_another_live_node_is_refused(table) -> None:
     assert table.node("node-9") is None
     assert table.segment(102).node_id == "node-2"
     assert all(table.exists(k) for k in keys)
+    clock.now += TTL_S + 1  # suspect: it may come back with the segment's replicas
+    beat(table, "node-0", "node-1")
+    table.tick()
+    with pytest.raises(IdentityConflictError, match="suspect node 'node-2'"):
+        table.mount(thief, [(SegmentInfo(thief, 102, Tier.DRAM, 16 * MiB), None)])
+    clock.now += GRACE_S  # dropped: the id is free
+    beat(table, "node-0", "node-1")
+    table.tick()
+    table.mount(thief, [(SegmentInfo(thief, 102, Tier.DRAM, 16 * MiB), None)])
+    assert table.node("node-9") is not None
 
 
 def test_heartbeats_know_only_the_mounted_incarnation(clock) -> None:
