@@ -25,8 +25,9 @@ from mooncake_store.client.master_client import (
 )
 from mooncake_store.client.ranges import Range, RangeFlows, ReadSession
 from mooncake_store.client.reads import ReadFlows
+from mooncake_store.client.shm import ShmMapper
 from mooncake_store.client.steps import Flow, Transfer, Transfers
-from mooncake_store.client.transport import ShmMapper, TcpPool
+from mooncake_store.client.tcp_async import TcpPool
 from mooncake_store.client.types import (
     ClusterStats,
     KeyInfo,

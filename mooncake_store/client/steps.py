@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mooncake_store.client.master_client import MasterCall
-from mooncake_store.client.transport import Buffer, Hasher, ShmMapper
+from mooncake_store.client.shm import ShmMapper
+from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
 from mooncake_store.common.checksum import checksum as checksum

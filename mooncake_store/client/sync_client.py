@@ -27,7 +27,7 @@ from mooncake_store.client.framed_channel import (
 from mooncake_store.client.master_client import MasterCall, MasterClient
 from mooncake_store.client.ranges import Range, ReadSession
 from mooncake_store.client.steps import Flow, Transfer, Transfers
-from mooncake_store.client.transport import BlockingNodeConnections
+from mooncake_store.client.tcp_blocking import BlockingNodeConnections
 from mooncake_store.client.types import (
     ClusterStats,
     KeyInfo,

@@ -1,0 +1,107 @@
+"""The same-host data path: a node's DRAM pool mapped once (client/transport.py).
+
+`ShmMapper` maps a node's pool after receiving its memfd over the node's abstract unix socket; a
+put or get is then a single copy between the caller's buffer and the pool.  A node whose socket
+cannot be reached is on another host, and that answer is remembered."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import socket
+
+from mooncake_store.client.cuda import forget_pool
+from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.shm_handoff import HELLO, HandoffRefused, parse_hello
+
+log = logging.getLogger("mooncake.client")
+
+
+class ShmMapper:
+    """Same-host pool mappings, keyed by segment id."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._node_segment: dict[str, int] = {}
+        self._remote: set[str] = set()
+
+    def cached(self, loc: ReplicaLocation) -> memoryview | None:
+        """The mapped pool of `loc`'s segment, if it is mapped already."""
+        entry = self._maps.get(loc.segment_id)
+        return entry[1] if entry is not None else None
+
+    def worth_probing(self, loc: ReplicaLocation) -> bool:
+        """False when `loc`'s node is known to be on another host, or refused us its pool."""
+        return bool(loc.shm_socket) and loc.shm_socket not in self._remote
+
+    def map(self, loc: ReplicaLocation) -> memoryview | None:
+        """Map the pool of `loc`'s node if it is on this host and hands it to this process
+        (blocking; run in an executor).  None: use TCP."""
+        view = self.cached(loc)
+        if view is not None or not self.worth_probing(loc):
+            return view
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect("\0" + loc.shm_socket)
+            msg, fds, _, _ = socket.recv_fds(sock, HELLO.size, 1)
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                self._remote.add(loc.shm_socket)
+            return None
+        finally:
+            sock.close()
+        try:
+            segment_id, size, fd = parse_hello(msg, fds)
+        except HandoffRefused:
+            log.info("node %s keeps its pool to its own uid (and group): using TCP", loc.node_id)
+            self._remote.add(loc.shm_socket)  # it will refuse again: do not ask every time
+            return None
+        except ValueError as exc:
+            log.warning("node %s: %s; using TCP", loc.node_id, exc)
+            return None
+        try:
+            if segment_id != loc.segment_id:
+                return None
+            mapping = mmap.mmap(
+                fd,
+                size,
+                flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
+        except (OSError, ValueError, OverflowError) as exc:
+            log.warning("cannot map the pool of node %s (%s); using TCP", loc.node_id, exc)
+            return None
+        finally:
+            os.close(fd)
+        view = memoryview(mapping)
+        self._maps[segment_id] = (mapping, view)
+        # A node seen with a new segment restarted: its old pool is dead, and holding the
+        # mapping would keep the whole pool's memory alive.
+        previous = self._node_segment.get(loc.node_id)
+        self._node_segment[loc.node_id] = segment_id
+        if previous is not None and previous != segment_id:
+            self._unmap(previous)
+        return view
+
+    def mapped_segments(self) -> list[int]:
+        return list(self._maps)
+
+    def _unmap(self, segment_id: int) -> None:
+        entry = self._maps.pop(segment_id, None)
+        if entry is None:
+            return
+        mapping, view = entry
+        forget_pool(segment_id)  # a pool registered with CUDA is unregistered first
+        try:
+            view.release()
+            mapping.close()
+        except BufferError:  # a copy still holds a slice; freed when the process exits
+            pass
+
+    def close(self) -> None:
+        for segment_id in list(self._maps):
+            self._unmap(segment_id)
+        self._node_segment.clear()
