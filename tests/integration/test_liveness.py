@@ -86,11 +86,11 @@ def test_a_stalled_master_loop_drops_no_node_and_deletes_no_object(tmp_path: Pat
             for key in keys:
                 store.put(key, value(key))
             table = master.server.table
-            master.stall(4.0)  # four heartbeat TTLs without serving a client call or a tick
+            master.stall(3.0)  # three heartbeat TTLs without serving a client call or a tick
             time.sleep(0.2)
             # Blocked until the stall is over: the client waits, nothing fails.
             assert len(store.list_nodes()) == 2
-            for _ in range(8):  # several ticks after the stall
+            for _ in range(5):  # several ticks after the stall
                 assert store.stats().counters["nodes_expired"] == 0
                 time.sleep(0.1)
             assert table.counters["nodes_suspected"] == 0
