@@ -13,7 +13,9 @@ flight, and its late reply, if one comes, is dropped.
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
+import ssl
 from dataclasses import dataclass
 from ssl import SSLContext
 
@@ -263,7 +265,8 @@ class BlockingFramedChannel:
             CallTimeoutError: no reply within the socket's timeout.
             FramedCallError: the master answered with an error status.
         """
-        if self.broken:
+        if self.broken or self._closed_by_peer():
+            self.broken = True
             raise ChannelClosedError(f"framed connection to {self.address} is closed", sent=False)
         call_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         payload = request.SerializeToString()
@@ -303,6 +306,19 @@ class BlockingFramedChannel:
             raise FramedCallError(status, message)
         return REPLY_TYPES[name].FromString(body)
 
+    def _closed_by_peer(self) -> bool:
+        """True when the master closed this connection (an idle timeout, a restart) while it
+        sat unused: sending on it would fail only after the request had gone out, and the call
+        could not be told apart from one the master received.  (Not checked under TLS, where
+        a readable socket may only hold a session ticket.)"""
+        if _is_tls(self.sock):
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _read_frame(self) -> tuple[int, int, memoryview]:
         """The next reply frame: (call id, status, body, a view valid until the next read)."""
         view = memoryview(self._buffer)
@@ -335,3 +351,7 @@ class BlockingFramedChannel:
                 f"no reply from {self.address} in time", broken=got > 0
             ) from None
         return reply_id, status, view[HEADER.size : total]
+
+
+def _is_tls(sock: socket.socket) -> bool:
+    return isinstance(sock, ssl.SSLSocket)

@@ -16,7 +16,11 @@ from collections.abc import Iterator
 import pytest
 
 from mooncake_store import AsyncClient, Client, MasterTimeoutError
-from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedChannel
+from mooncake_store.client.framed_channel import (
+    BlockingFramedChannel,
+    FramedChannel,
+    FramedEndpoint,
+)
 from mooncake_store.cluster import LocalCluster
 from tests.conftest import wait_until
 
@@ -161,3 +165,22 @@ def test_one_call_timing_out_leaves_the_shared_connection_and_other_calls_alone(
             assert await store.exists("doomed") is False
 
     asyncio.run(run())
+
+
+def test_a_connection_the_master_closed_while_idle_is_replaced_not_failed(tmp_path, monkeypatch):
+    """The master closes framed connections idle for --idle-timeout.  The next call on the
+    sync client's TCP socket sees the close before sending, so even a call that is not safe to
+    repeat (a remove) goes out on a new connection instead of failing as "may have taken
+    effect" (over TCP a send to a closed peer succeeds; only the reply read fails)."""
+    monkeypatch.setattr(FramedEndpoint, "unix_socket", lambda self: None)  # as from another host
+    args = ["--idle-timeout", "1s"]
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as idle:
+        with Client(idle.master_address) as store:
+            store.put("idle-1", b"x" * 100)
+            store.put("idle-2", b"y" * 100)
+            before = store.counters["framed_calls"]
+            time.sleep(2.5)  # the master closes the idle connection meanwhile
+            assert store.remove("idle-1") is True
+            assert store.counters["framed_calls"] > before  # on the framed endpoint again
+            time.sleep(2.5)
+            assert store.remove("idle-2") is True
