@@ -24,6 +24,16 @@ DEFAULT_MASTER = "127.0.0.1:50051"
 
 
 def master_option(func: F) -> F:
+    """`--master` (passed to the command) and `--connect-timeout` (kept for `connect`)."""
+    func = click.option(
+        "--connect-timeout",
+        type=click.FloatRange(min=0.1),
+        default=10.0,
+        show_default=True,
+        expose_value=False,
+        callback=lambda ctx, _param, value: ctx.meta.__setitem__("connect_timeout_s", value),
+        help="Seconds a call waits for the master.",
+    )(func)
     return click.option(
         "--master",
         default=DEFAULT_MASTER,
@@ -45,7 +55,9 @@ def connect(master: str) -> Iterator[Any]:
     from mooncake_store.client.sync_client import Client
 
     try:
-        with Client(master, timeout_s=10.0) as client:
+        ctx = click.get_current_context(silent=True)
+        timeout_s = ctx.meta.get("connect_timeout_s", 10.0) if ctx is not None else 10.0
+        with Client(master, timeout_s=timeout_s) as client:
             yield client
     except MooncakeError as exc:
         click.echo(f"mooncake-admin: error: {exc}", err=True)

@@ -62,7 +62,8 @@ def test_stats_shows_hit_rate_and_fill(managed):
 
 
 def test_unreachable_master_is_one_line(tmp_path):
-    out = subprocess.run([ADMIN, "nodes", "--master", "127.0.0.1:1"], capture_output=True,
+    out = subprocess.run([ADMIN, "nodes", "--master", "127.0.0.1:1", "--connect-timeout", "1"],
+                         capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1
     assert len(out.stderr.strip().splitlines()) == 1
