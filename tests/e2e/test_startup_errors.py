@@ -70,3 +70,38 @@ def test_cluster_names_the_daemon_that_failed_and_why(tmp_path):
     line = one_line(result)
     assert "node-0 exited with code 2 at start" in line
     assert "--nvme must be at least 1MiB" in line and "node-0.log" in line
+
+
+def test_node_says_serving_only_once_mounted(tmp_path):
+    """A node started before its master logs that it waits, then 'mounted', then 'serving'."""
+    import socket
+
+    from tests.conftest import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "node.log"
+    node = subprocess.Popen(
+        [str(BIN / "mooncake-store"), "--master", f"127.0.0.1:{port}", "--dram", "8MiB",
+         "--node-id", "early", "--mount-timeout", "0.5s"],
+        stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True, cwd=tmp_path,
+    )  # fmt: skip
+    master = None
+    try:
+        wait_until(lambda: "not serving yet: waiting to mount" in log.read_text(),
+                   what="the node to say it waits for the master")  # fmt: skip
+        assert node.poll() is None and "mounted on master" not in log.read_text()
+        master = subprocess.Popen(
+            [str(BIN / "mooncake-master"), "--port", str(port), "--data-dir", str(tmp_path / "m")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        )  # fmt: skip
+        assert node.stdout is not None
+        line = node.stdout.readline()  # blocks until the node prints its start-up line
+        assert "mooncake-store node early serving" in line
+        assert "mounted on master" in log.read_text()  # logged before the serving line
+    finally:
+        for proc in (node, master):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
