@@ -49,7 +49,7 @@ def iter_infos(client: Any, prefix: str, *, limit: int | None) -> Iterator[Any]:
 
 @click.command()
 @master_option
-@click.option("--prefix", default="", help="Only keys that start with this.")
+@click.option("--prefix", default="", help="Only keys that start with this.  [default: all keys]")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="Most keys to print.")  # fmt: skip
 @json_option

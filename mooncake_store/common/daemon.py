@@ -24,23 +24,6 @@ C = TypeVar("C")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def tls_options(command: F) -> F:
-    """The --tls-* flags both daemons take (settings tls_cert, tls_key, tls_ca, ...)."""
-    options = [
-        click.option("--tls-cert", default=None,
-                     help="PEM certificate chain: serve TLS on every TCP listener [off]."),
-        click.option("--tls-key", default=None, help="PEM private key of --tls-cert."),
-        click.option("--tls-ca", default=None,
-                     help="PEM CA that signed the cluster's certificates: peers are verified "
-                     "against it, and clients must present a certificate it signed."),
-        click.option("--tls-require-client-cert/--no-tls-require-client-cert", default=None,
-                     help="With --tls-ca: refuse clients without a certificate [on]."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
 log = logging.getLogger("mooncake.daemon")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from mooncake_store.common.config import config_options
-from mooncake_store.common.daemon import OneLineErrors, log_level_option, run_daemon, tls_options
+from mooncake_store.common.daemon import OneLineErrors, log_level_option, run_daemon
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import serve
 
@@ -27,7 +27,6 @@ ENV_PREFIX = "MOONCAKE_MASTER_"
     help="TOML file of settings, named as the flags (overridden by MOONCAKE_MASTER_* env and "
     "flags). [default: none]",
 )
-@tls_options
 @log_level_option()
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run the mooncake-store master (metadata and routing, persisted in RocksDB)."""

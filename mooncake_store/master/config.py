@@ -135,7 +135,8 @@ class MasterConfig:
     tls_key: str = setting("", "PEM private key of --tls-cert.")
     tls_ca: str = setting(
         "",
-        "PEM CA that signed the cluster's certificates: peers and clients are verified against it.",
+        "PEM CA that signed the cluster's certificates: peers are verified against it, and "
+        "clients must present a certificate it signed.",
     )
     tls_require_client_cert: bool = setting(
         True, "With --tls-ca: refuse clients without a certificate."

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from mooncake_store.common.config import config_options
-from mooncake_store.common.daemon import OneLineErrors, log_level_option, run_daemon, tls_options
+from mooncake_store.common.daemon import OneLineErrors, log_level_option, run_daemon
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.server import serve
 
@@ -20,10 +20,6 @@ ENV_PREFIX = "MOONCAKE_NODE_"
 )
 @config_options(NodeConfig, ENV_PREFIX)
 @click.option(
-    "--shm-group", default=None,
-    help="Group (name or gid) whose members, besides this uid, may map the pool [none].",
-)  # fmt: skip
-@click.option(
     "--config",
     "config_file",
     default=None,
@@ -31,7 +27,6 @@ ENV_PREFIX = "MOONCAKE_NODE_"
     help="TOML file of settings, named as the flags (overridden by MOONCAKE_NODE_* env and "
     "flags). [default: none]",
 )
-@tls_options
 @log_level_option()
 def main(config_file: str | None, log_level: str, **flags: object) -> None:
     """Run a mooncake-store node: a shared-memory DRAM pool served to clients."""
