@@ -282,6 +282,19 @@ class LocalCluster:
         self.stop()
 
 
+def connect_hint(cluster: LocalCluster) -> str:
+    """How a second process connects to `cluster` (printed at start)."""
+    from mooncake_store.common.credentials import local_token_path
+
+    master = cluster.master_address
+    return (
+        f"connect: Client({master!r}) in a process of this user on this host finds its token "
+        f"in {local_token_path(cluster.master_port)}; anyone else needs one: "
+        f"mooncake-admin token create --role client --tenant NAME --data-dir {cluster.data_dir}"
+        " (then Client(master, token=...) or MOONCAKE_TOKEN)"
+    )
+
+
 @click.command(
     "mooncake-cluster", cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]}
 )
@@ -360,6 +373,7 @@ def main(
         )
         for line in cluster.metrics_lines():
             click.echo(line)
+        click.echo(connect_hint(cluster))
         if demo:
             run_demo(cluster.master_address, echo=click.echo)
         if not exit_after:

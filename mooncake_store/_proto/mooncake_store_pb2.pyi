@@ -24,6 +24,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_GRANT_EXPIRED: _ClassVar[StatusCode]
     STATUS_REPLICA_UNAVAILABLE: _ClassVar[StatusCode]
     STATUS_IDENTITY_MISMATCH: _ClassVar[StatusCode]
+    STATUS_OBJECT_CONFLICT: _ClassVar[StatusCode]
     STATUS_DATA_PATH: _ClassVar[StatusCode]
     STATUS_CHECKSUM_MISMATCH: _ClassVar[StatusCode]
     STATUS_ACCESS_DENIED: _ClassVar[StatusCode]
@@ -46,6 +47,7 @@ STATUS_OBJECT_HAS_LEASE: StatusCode
 STATUS_GRANT_EXPIRED: StatusCode
 STATUS_REPLICA_UNAVAILABLE: StatusCode
 STATUS_IDENTITY_MISMATCH: StatusCode
+STATUS_OBJECT_CONFLICT: StatusCode
 STATUS_DATA_PATH: StatusCode
 STATUS_CHECKSUM_MISMATCH: StatusCode
 STATUS_ACCESS_DENIED: StatusCode
@@ -109,14 +111,18 @@ class PutStartItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ..., soft_pin_ttl_s: _Optional[float] = ..., preferred_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
-    __slots__ = ("status", "already_exists", "replicas")
+    __slots__ = ("status", "already_exists", "replicas", "existing_checksum", "has_existing_checksum")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_EXISTS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXISTING_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     status: Status
     already_exists: bool
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaLocation]
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_exists: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ...) -> None: ...
+    existing_checksum: int
+    has_existing_checksum: bool
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_exists: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaLocation, _Mapping]]] = ..., existing_checksum: _Optional[int] = ..., has_existing_checksum: _Optional[bool] = ...) -> None: ...
 
 class BatchPutStartRequest(_message.Message):
     __slots__ = ("items",)
@@ -372,6 +378,48 @@ class StatsResponse(_message.Message):
     max_object_bytes: int
     counters: _containers.ScalarMap[str, int]
     def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class AuthenticateRequest(_message.Message):
+    __slots__ = ("token", "tenant")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    tenant: str
+    def __init__(self, token: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class AuthenticateResponse(_message.Message):
+    __slots__ = ("status", "role", "tenant", "node_id", "auth")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    role: str
+    tenant: str
+    node_id: str
+    auth: bool
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., role: _Optional[str] = ..., tenant: _Optional[str] = ..., node_id: _Optional[str] = ..., auth: _Optional[bool] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("role", "tenant", "ttl_s", "node_id")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    tenant: str
+    ttl_s: float
+    node_id: str
+    def __init__(self, role: _Optional[str] = ..., tenant: _Optional[str] = ..., ttl_s: _Optional[float] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("status", "token")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    token: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ()

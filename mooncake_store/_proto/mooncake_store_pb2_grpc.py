@@ -159,6 +159,16 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.BatchLeasedPutRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.BatchLeasedPutResponse.FromString,
                 _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/Authenticate',
+                request_serializer=mooncake__store__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/CreateToken',
+                request_serializer=mooncake__store__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -329,6 +339,19 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authenticate(self, request, context):
+        """Issue 12: credentials.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -456,6 +479,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.BatchLeasedPut,
                     request_deserializer=mooncake__store__pb2.BatchLeasedPutRequest.FromString,
                     response_serializer=mooncake__store__pb2.BatchLeasedPutResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=mooncake__store__pb2.AuthenticateRequest.FromString,
+                    response_serializer=mooncake__store__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=mooncake__store__pb2.CreateTokenRequest.FromString,
+                    response_serializer=mooncake__store__pb2.CreateTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1133,6 +1166,60 @@ class MasterService:
             '/mooncake_store.v1.MasterService/BatchLeasedPut',
             mooncake__store__pb2.BatchLeasedPutRequest.SerializeToString,
             mooncake__store__pb2.BatchLeasedPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/Authenticate',
+            mooncake__store__pb2.AuthenticateRequest.SerializeToString,
+            mooncake__store__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/CreateToken',
+            mooncake__store__pb2.CreateTokenRequest.SerializeToString,
+            mooncake__store__pb2.CreateTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

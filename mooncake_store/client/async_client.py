@@ -81,6 +81,10 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
             of two (PutStart, copy, PutEnd).  Off by default: unused leases hold up to 1/8 of
             a pool that other puts cannot use until the client's connection closes or the put
             timeout ends them (client/leases.py).
+        token: the caller's token (`mooncake-admin token create --role client --tenant T`);
+            None looks in MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then (master on this host, same
+            uid) the master's local token file.  The tenant of the token is the namespace of
+            every key this client names.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         tls_cert: str | None = None,
         tls_key: str | None = None,
         leases: bool = False,
+        token: str | None = None,
     ) -> None:
         if replicas is not None and replicas < 1:
             raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
@@ -118,6 +123,9 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         self.tls = tls
         #: The client TLS context of TCP connections (None: plaintext).
         self.ssl_context = tls.client_context() if tls.enabled else None
+        #: The caller's token; None: MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then the master's
+        #: local token file (same host, same uid).  See common/credentials.py.
+        self.token = token
         self._master: MasterClient | None = None
         self._shm = ShmMapper()
         self._tcp = TcpPool(timeout_s=timeout_s, ssl=self.ssl_context)
@@ -132,7 +140,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         self.counters: dict[str, int] = dict.fromkeys(
             ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
              "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls", "leased_puts",
-             "corrupt_reported"), 0,
+             "corrupt_reported", "put_conflicts"), 0,
         )  # fmt: skip
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -163,7 +171,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows):
         if self._master is None:
             self._master = MasterClient(
                 self.master, timeout_s=self.timeout_s, retry=self.retry, framed=self.framed,
-                counters=self.counters, tls=self.tls,
+                counters=self.counters, tls=self.tls, token=self.token,
             )  # fmt: skip
         return self._master
 

@@ -21,6 +21,13 @@ from ssl import SSLContext
 
 from google.protobuf.message import Message
 
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.common.errors import (
+    AccessDeniedError,
+    InvalidArgumentError,
+    MooncakeError,
+    RpcError,
+)
 from mooncake_store.common.framed import (
     HEADER,
     METHOD_IDS,
@@ -87,6 +94,24 @@ class FramedCallError(Exception):
         self.status = status
         self.detail = message
 
+    def translated(self, master: str, name: str) -> MooncakeError:
+        """The MooncakeError this failure stands for (refusals: AccessDeniedError)."""
+        if self.status in (FrameStatus.UNAUTHENTICATED, FrameStatus.PERMISSION_DENIED):
+            return AccessDeniedError(f"master {master} refused {name}: {self.detail}")
+        if self.status == FrameStatus.BAD_REQUEST:  # refused as bad input (a batch cap)
+            return InvalidArgumentError(self.detail)
+        return RpcError(f"master {master} failed the call {name}: {self}")
+
+
+def _auth_request(token: str) -> pb.AuthenticateRequest:
+    return pb.AuthenticateRequest(token=token)
+
+
+def _check_auth(reply: Message, address: str) -> None:
+    status = reply.status  # type: ignore[attr-defined]
+    if status.code != 0:
+        raise AccessDeniedError(f"master {address} refused the token: {status.message}")
+
 
 class _Protocol(asyncio.Protocol):
     def __init__(self, channel: FramedChannel) -> None:
@@ -110,10 +135,20 @@ class FramedChannel:
 
     @classmethod
     async def connect(
-        cls, endpoint: FramedEndpoint, *, max_frame_bytes: int, ssl: SSLContext | None = None
+        cls,
+        endpoint: FramedEndpoint,
+        *,
+        max_frame_bytes: int,
+        ssl: SSLContext | None = None,
+        token: str = "",
+        timeout_s: float = 10.0,
     ) -> FramedChannel:
         """Connect over the unix socket when it is reachable from here, else over TCP (with
-        TLS when `ssl` is given)."""
+        TLS when `ssl` is given), and authenticate with `token` (its bearer part) when given.
+
+        Raises:
+            AccessDeniedError: the master refused the token.
+        """
         loop = asyncio.get_running_loop()
         sock = endpoint.unix_socket()
         if sock is not None:
@@ -133,6 +168,16 @@ class FramedChannel:
             if raw is not None:
                 keep_alive(raw)
         channel._transport = transport  # type: ignore[assignment]
+        if token:
+            try:
+                reply = await channel.call("Authenticate", _auth_request(token), timeout_s)
+                _check_auth(reply, channel.address)
+            except FramedCallError as exc:
+                channel.close()
+                raise exc.translated(channel.address, "Authenticate") from None
+            except BaseException:
+                channel.close()
+                raise
         return channel
 
     @property
@@ -231,7 +276,13 @@ class BlockingFramedChannel:
         timeout_s: float,
         max_frame_bytes: int,
         ssl: SSLContext | None = None,
+        token: str = "",
     ) -> BlockingFramedChannel:
+        """Connect (unix socket if reachable, else TCP) and authenticate with `token`.
+
+        Raises:
+            AccessDeniedError: the master refused the token.
+        """
         sock = endpoint.unix_socket()
         address = endpoint.unix_name
         if sock is None:
@@ -246,7 +297,17 @@ class BlockingFramedChannel:
                     raise
             address = f"{endpoint.host}:{endpoint.port}"
         sock.settimeout(timeout_s)
-        return cls(sock, address, max_frame_bytes=max_frame_bytes)
+        channel = cls(sock, address, max_frame_bytes=max_frame_bytes)
+        if token:
+            try:
+                _check_auth(channel.call("Authenticate", _auth_request(token)), address)
+            except FramedCallError as exc:
+                channel.close()
+                raise exc.translated(address, "Authenticate") from None
+            except BaseException:
+                channel.close()
+                raise
+        return channel
 
     @property
     def unix(self) -> bool:

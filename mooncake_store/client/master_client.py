@@ -41,8 +41,11 @@ from mooncake_store.client.types import (
     ReplicaLocation,
     Retry,
 )
+from mooncake_store.common.auth import Role, bearer
+from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.errors import (
     OK,
+    AccessDeniedError,
     InvalidArgumentError,
     MasterTimeoutError,
     MasterUnavailableError,
@@ -51,7 +54,6 @@ from mooncake_store.common.errors import (
     TlsError,
     error_for_code,
 )
-from mooncake_store.common.framed import FrameStatus
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from mooncake_store.common.tls import (
     CLIENT_CERT_HINT,
@@ -65,6 +67,7 @@ from mooncake_store.common.tls import (
 R = TypeVar("R")
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
 class _NotSent(Exception):
@@ -127,8 +130,14 @@ class MasterClient:
         framed: bool = True,
         counters: dict[str, int] | None = None,
         tls: TlsConfig = PLAINTEXT,
+        token: str | None = None,
     ) -> None:
         self.address = address
+        if token is None:  # MOONCAKE_TOKEN(_FILE), then the master's local token file
+            token = discover_token(address, Role.CLIENT)
+        #: The bearer part of the caller's token ("" without one).
+        self.token = bearer(token) if token else ""
+        self._metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
         self.timeout_s = timeout_s
         self.retry = retry
         self.tls = tls
@@ -171,7 +180,9 @@ class MasterClient:
         while True:
             left = deadline - loop.time()
             try:
-                await self._stub.Hello(pb.HelloRequest(), timeout=max(left, 0.01))
+                await self._stub.Hello(
+                    pb.HelloRequest(), timeout=max(left, 0.01), metadata=self._metadata
+                )
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNREACHABLE:
@@ -212,8 +223,14 @@ class MasterClient:
                 return self._framed
             self._framed = None
             try:
-                hello = await self._stub.Hello(pb.HelloRequest(), timeout=self.timeout_s)
+                hello = await self._stub.Hello(
+                    pb.HelloRequest(), timeout=self.timeout_s, metadata=self._metadata
+                )
             except grpc.aio.AioRpcError as exc:
+                if exc.code() in _REFUSED:
+                    raise AccessDeniedError(
+                        f"master {self.address} refused the call: {exc.details()}"
+                    ) from None
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 hello = pb.HelloResponse()  # a master without the framed endpoint
@@ -229,6 +246,8 @@ class MasterClient:
                     self.framed_endpoint,
                     max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES,
                     ssl=self.ssl_context,
+                    token=self.token,
+                    timeout_s=self.timeout_s,
                 )
             except ssl.SSLError as exc:
                 address = f"the master's framed endpoint {host}:{hello.framed_port}"
@@ -290,9 +309,7 @@ class MasterClient:
             try:
                 reply = await channel.call(name, request, self.timeout_s)
             except FramedCallError as exc:
-                if exc.status == FrameStatus.BAD_REQUEST:  # refused as bad input (batch cap)
-                    raise InvalidArgumentError(exc.detail) from exc
-                raise RpcError(f"master {self.address} failed the call {name}: {exc}") from exc
+                raise exc.translated(self.address, name) from exc
             except CallTimeoutError as exc:
                 raise _TimedOut(str(exc)) from None
             except ChannelClosedError as exc:
@@ -308,7 +325,9 @@ class MasterClient:
             except TimeoutError:
                 raise _NotSent("no gRPC connection to the master") from None
         try:
-            reply = await getattr(self._stub, name)(request, timeout=self.timeout_s)
+            reply = await getattr(self._stub, name)(
+                request, timeout=self.timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise _TimedOut(f"{exc.code().name}: {exc.details()}") from None
@@ -322,6 +341,8 @@ class MasterClient:
     def _failed(self, name: str, exc: grpc.aio.AioRpcError) -> MooncakeError:
         if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # refused as bad input (batch cap)
             return InvalidArgumentError(str(exc.details()))
+        if exc.code() in _REFUSED:
+            return AccessDeniedError(f"master {self.address} refused {name}: {exc.details()}")
         return RpcError(
             f"master {self.address} failed the call {name}: {exc.code().name}: {exc.details()}"
         )
@@ -389,7 +410,12 @@ def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | Moonca
         for result in reply.results:
             err = status_error(result.status)
             out.append(
-                err or PutPlan(result.already_exists, [_location(r) for r in result.replicas])
+                err
+                or PutPlan(
+                    result.already_exists,
+                    [_location(r) for r in result.replicas],
+                    result.existing_checksum if result.has_existing_checksum else None,
+                )
             )
         return out
 

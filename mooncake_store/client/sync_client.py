@@ -37,13 +37,10 @@ from mooncake_store.client.types import (
     PutResult,
 )
 from mooncake_store.common.errors import (
-    InvalidArgumentError,
     MasterTimeoutError,
     MasterUnavailableError,
     MooncakeError,
-    RpcError,
 )
-from mooncake_store.common.framed import FrameStatus
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES
 from mooncake_store.common.loop import new_event_loop
 from mooncake_store.common.tls import TlsConfig
@@ -148,9 +145,7 @@ class Client:
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:
-                if exc.status == FrameStatus.BAD_REQUEST:  # refused as bad input (batch cap)
-                    raise InvalidArgumentError(exc.detail) from exc
-                raise RpcError(f"master {self.master} failed the call {call.name}: {exc}") from exc
+                raise exc.translated(self.master, call.name) from exc
             except CallTimeoutError as exc:
                 # The socket stays (the late reply is skipped), unless the reply was cut off.
                 if channel.broken:
@@ -206,6 +201,7 @@ class Client:
                 timeout_s=self._async.timeout_s,
                 max_frame_bytes=DEFAULT_MAX_MESSAGE_BYTES,
                 ssl=master.ssl_context,
+                token=master.token,
             )
         except OSError:
             self._local.retry_after = time.monotonic() + 1.0  # not on every call

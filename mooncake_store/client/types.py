@@ -22,6 +22,7 @@ class ReplicaLocation:
 class PutPlan:
     already_exists: bool
     replicas: list[ReplicaLocation]
+    existing_checksum: int | None = None  # already_exists: the stored value's checksum
 
 
 @dataclass(frozen=True, slots=True)

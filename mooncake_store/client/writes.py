@@ -44,6 +44,7 @@ from mooncake_store.common.errors import (
     InvalidArgumentError,
     InvalidValueError,
     MooncakeError,
+    ObjectConflictError,
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
@@ -192,6 +193,7 @@ class WriteFlows(LocalPools):
                 p.error = plan
             else:
                 p.plan = plan
+        self._check_conflicts(pending)
         to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
         try:
             # Replicas in pools already mapped on this host are plain copies: no task each.
@@ -289,6 +291,23 @@ class WriteFlows(LocalPools):
         except MooncakeError as exc:
             log.info("could not revoke %d failed puts (the master reclaims them): %s",
                      len(keys), exc)  # fmt: skip
+
+    def _check_conflicts(self, pending: list[_Pending]) -> None:
+        """A key already stored with another value is a conflict, not a duplicate: the stored
+        value stays and the put fails with ObjectConflictError (a cache-poisoning attempt, or
+        two writers disagreeing about a content-addressed key).  Hashes only deduplicated puts."""
+        for p in pending:
+            plan = p.plan
+            if plan is None or not plan.already_exists or plan.existing_checksum is None:
+                continue
+            mine = parts_checksum(p.parts)
+            if mine != plan.existing_checksum:
+                self.counters["put_conflicts"] += 1
+                p.error = ObjectConflictError(
+                    f"{p.key!r} is already stored with a different value (checksum "
+                    f"{plan.existing_checksum:016x}, this put's {mine:016x}); the "
+                    "stored value is kept: remove it first to replace it"
+                )
 
     def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""

@@ -24,6 +24,7 @@ table that turns it back into the most specific class.
     ├── ReplicaUnavailableError        the object exists but no replica could be read
     ├── ChecksumMismatchError          bytes read do not match the committed checksum
     ├── IdentityMismatchError          the object was stored under another identity
+    ├── ObjectConflictError            the key holds a different value (another checksum)
     ├── DataPathError                  a transfer to or from a node failed
     │   └── AccessDeniedError          the node refused the grant (expired, forged, out of range)
     └── RpcError                       the master call failed
@@ -111,6 +112,13 @@ class IdentityMismatchError(MooncakeError):
     code = -721
 
 
+class ObjectConflictError(MooncakeError):
+    """A put named a key that is already stored with a different value (checksum): the stored
+    value is kept and the put is reported, not silently "deduplicated"."""
+
+    code = -722
+
+
 class DataPathError(MooncakeError):
     code = -800  # Mooncake TRANSFER_FAIL
 
@@ -168,6 +176,7 @@ _BY_CODE: dict[int, type[MooncakeError]] = {
         ReplicaUnavailableError,
         ChecksumMismatchError,
         IdentityMismatchError,
+        ObjectConflictError,
         DataPathError,
         AccessDeniedError,
         GrantExpiredError,

@@ -10,6 +10,10 @@ Request:  length u32 | call id u32 | method u16 | `length` bytes of the serializ
 Reply:    length u32 | call id u32 | status u16 | `length` bytes: the serialized reply (status
           OK) or a UTF-8 error message
 
+When the master requires tokens, the first call of a connection must be `Authenticate` with a
+token; any other call before it is answered UNAUTHENTICATED and the connection closed.  The
+identity holds for the connection's life.
+
 Many calls may be in flight on one connection; replies come in completion order and are matched
 to their call by id.  A frame longer than the receiver's cap closes the connection.
 """
@@ -41,6 +45,7 @@ METHODS: tuple[str, ...] = (
     "ListKeys",  # issue 13
     "BatchDescribe",  # issue 13
     "BatchLeasedPut",  # issue 14
+    "Authenticate",  # issue 12: the first call of a connection to a master with auth on
 )
 METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
 
@@ -50,6 +55,8 @@ class FrameStatus(IntEnum):
     UNKNOWN_METHOD = 1
     BAD_REQUEST = 2
     INTERNAL = 3
+    UNAUTHENTICATED = 4  # no valid Authenticate yet (the connection is then closed)
+    PERMISSION_DENIED = 5  # the caller's role may not make this call
 
 
 def message_types(name: str) -> tuple[type[Message], type[Message]]:

@@ -13,6 +13,7 @@ from mooncake_store.common.errors import (
     IdentityMismatchError,
     InvalidArgumentError,
     MooncakeError,
+    ObjectConflictError,
     ReplicaUnavailableError,
     RpcError,
 )
@@ -60,6 +61,8 @@ def code_of(exc: BaseException) -> int:
             return REPLICA_IS_GONE  # committed, but no replica can be read now
         if isinstance(exc, IdentityMismatchError):
             return OBJECT_NOT_FOUND  # not served to this reader
+        if isinstance(exc, ObjectConflictError):
+            return OBJECT_ALREADY_EXISTS  # stored with another value, which is kept
         if isinstance(exc, AccessDeniedError):
             return TRANSFER_FAIL  # the node refused the transfer
         if isinstance(exc, RpcError):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
 from mooncake_store.common.config import duration_field, setting, size_field
+from mooncake_store.common.credentials import is_loopback
 from mooncake_store.common.errors import InvalidArgumentError
 from mooncake_store.common.tls import TlsConfig
 
@@ -151,6 +152,13 @@ class MasterConfig:
         "Share of a node's pool that puts started and not yet ended may hold (and evict "
         "committed blocks for); a pool holding none takes any one put.",
     )
+    auth: str = setting(
+        "on",
+        "on: every call needs a token signed with the cluster key (<data-dir>/cluster.key; see "
+        "`mooncake-admin token create`); off: none, for a trusted lab, only with a loopback "
+        "--host.",
+        choices=("on", "off"),
+    )
 
     @property
     def tls(self) -> TlsConfig:
@@ -158,6 +166,11 @@ class MasterConfig:
 
     def __post_init__(self) -> None:
         self.tls.check_daemon()
+        if self.auth == "off" and not is_loopback(self.host):
+            raise InvalidArgumentError(
+                f"--auth off serves everyone who can reach {self.host}: it is allowed only with a "
+                "loopback --host (127.0.0.1); keep auth on to bind other addresses"
+            )
         if self.advertise_host:
             advertised_host(self.host, self.advertise_host)  # refuses a wildcard
         if not 0 <= self.port <= 65535:

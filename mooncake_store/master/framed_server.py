@@ -34,14 +34,25 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from mooncake_store.common.errors import InvalidArgumentError
-from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.common.auth import HOW_TO_GET_A_TOKEN
+from mooncake_store.common.errors import OK, AccessDeniedError, InvalidArgumentError
+from mooncake_store.common.framed import (
+    HEADER,
+    METHOD_IDS,
+    METHODS,
+    FrameStatus,
+    message_types,
+    split_frames,
+)
 from mooncake_store.common.grpc_options import port_in_use
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
+from mooncake_store.master.access import TRUSTED, AccessControl, Caller, allowed
 
 log = logging.getLogger("mooncake.master")
 
 Handler = Callable[[Message, object], Coroutine[Any, Any, Message]]
+_AUTHENTICATE = METHOD_IDS["Authenticate"]
 
 
 class _Resume:
@@ -82,6 +93,11 @@ class _Connection(asyncio.Protocol):
         self.paused = False  # reading stopped: too many calls in flight, or replies unread
         self.write_blocked = False  # the client does not read its replies fast enough
         self.active_s = time.monotonic()  # when a frame last came or a reply last went
+        # Who the connection speaks for; None until its Authenticate call succeeds.
+        self.caller: Caller | None = None if server.access.enabled else TRUSTED
+        self.allowed: frozenset[int] = (
+            frozenset(range(len(METHODS))) if self.caller else frozenset()
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -159,7 +175,47 @@ class _Connection(asyncio.Protocol):
             self.transport.write(HEADER.pack(len(payload), call_id, status) + payload)
             self.active_s = time.monotonic()
 
+    def authenticate(self, call_id: int, payload: bytes) -> None:
+        try:
+            request = pb.AuthenticateRequest.FromString(payload)
+        except DecodeError as exc:
+            self.reply(call_id, FrameStatus.BAD_REQUEST, f"malformed request: {exc}".encode())
+            return
+        try:
+            caller = self.server.access.authenticate(request.token, request.tenant)
+        except AccessDeniedError as exc:
+            self.refuse(call_id, FrameStatus.UNAUTHENTICATED, str(exc))
+            return
+        self.caller = caller
+        self.allowed = frozenset(i for i, name in enumerate(METHODS) if allowed(caller.role, name))
+        reply = pb.AuthenticateResponse(
+            status=pb.Status(code=OK), role=caller.role.value, tenant=caller.tenant,
+            node_id=caller.node_id, auth=self.server.access.enabled,
+        )  # fmt: skip
+        self.reply(call_id, FrameStatus.OK, reply.SerializeToString())
+
+    def refuse(self, call_id: int, status: FrameStatus, message: str) -> None:
+        self.reply(call_id, status, message.encode())
+        if status is FrameStatus.UNAUTHENTICATED and self.transport is not None:
+            self.transport.close()  # nothing more is read from an unauthenticated peer
+
     def dispatch(self, call_id: int, method: int, payload: bytes) -> None:
+        if method == _AUTHENTICATE:
+            self.authenticate(call_id, payload)
+            return
+        if method not in self.allowed:
+            if self.caller is None:
+                self.server.access.denied += 1
+                self.refuse(call_id, FrameStatus.UNAUTHENTICATED,
+                            "this master requires a token: authenticate first; "
+                            + HOW_TO_GET_A_TOKEN)  # fmt: skip
+            elif method < len(METHODS):
+                self.server.access.denied += 1
+                problem = f"a {self.caller.role.value} token may not call {METHODS[method]}"
+                self.refuse(call_id, FrameStatus.PERMISSION_DENIED, problem)
+            else:
+                self.reply(call_id, FrameStatus.UNKNOWN_METHOD, f"unknown method {method}".encode())
+            return
         handler = self.server.handlers.get(method)
         if handler is None:
             self.reply(call_id, FrameStatus.UNKNOWN_METHOD, f"unknown method {method}".encode())
@@ -213,6 +269,7 @@ class FramedServer:
         max_calls_per_connection: int = 256,
         idle_timeout_s: float = 600.0,
         max_connections: int = 4096,
+        access: AccessControl | None = None,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.max_calls_per_connection = max_calls_per_connection
@@ -222,6 +279,7 @@ class FramedServer:
         self.tls = tls
         self.servicer = servicer
         self.opened = 0  # connections accepted: each one's owner id
+        self.access = access or AccessControl(None)
         self.handlers: dict[int, tuple[Handler, type[Message]]] = {
             i: (getattr(servicer, name), message_types(name)[0]) for i, name in enumerate(METHODS)
         }

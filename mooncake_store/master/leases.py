@@ -96,7 +96,7 @@ def put_leased(
         InvalidValueError: `size_bytes` is not the lease's size, or a bad checksum.
         ObjectBusyError / IdentityMismatchError: as put_start would raise them.
     """
-    validate_key(key)
+    validate_key(key, stored=True)  # a tenant's keys arrive prefixed (master/access.py)
     if is_lease(key):
         raise InvalidValueError("keys starting with NUL 'lease' NUL are reserved")
     slot = table._slot.get(lease)
@@ -133,7 +133,7 @@ def put_leased(
         table._delete(existing, 0.0)  # restored, but none of its nodes came back
     _rename(table, slot, lease, key)
     if parent_key:
-        validate_key(parent_key)
+        validate_key(parent_key, stored=True)
         parent = table._slot.get(parent_key)
         table._parent[slot] = parent_key if parent is None else table._key[parent]  # type: ignore[assignment]
     table._fingerprint[slot] = fingerprint

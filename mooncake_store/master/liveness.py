@@ -24,9 +24,10 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.common.errors import OK, SegmentNotFoundError
+from mooncake_store.common.errors import OK, AccessDeniedError, SegmentNotFoundError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
+from mooncake_store.master.access import AccessControl
 
 log = logging.getLogger("mooncake.master")
 
@@ -71,10 +72,21 @@ class Heartbeats:
 class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
     """Only Heartbeat; every other method of the service is UNIMPLEMENTED on this port."""
 
-    def __init__(self, heartbeats: Heartbeats) -> None:
+    def __init__(self, heartbeats: Heartbeats, access: AccessControl) -> None:
         self.heartbeats = heartbeats
+        self.access = access
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
+        if self.access.enabled:  # only the node itself (its node token) may heartbeat for it
+            try:
+                caller = self.access.from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
+                if not caller.may_act_as_node(request.node_id):
+                    raise AccessDeniedError(
+                        f"a {caller.role.value} token may not heartbeat as node {request.node_id!r}"
+                    )
+            except AccessDeniedError as refused:
+                status = pb.Status(code=refused.code, message=refused.message)
+                return pb.HeartbeatResponse(status=status)
         if self.heartbeats.beat(request.node_id, request.incarnation):
             return pb.HeartbeatResponse(status=pb.Status(code=OK))
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
@@ -91,8 +103,15 @@ class LivenessServer:
         server.stop()
     """
 
-    def __init__(self, heartbeats: Heartbeats, *, tls: TlsConfig = PLAINTEXT) -> None:
+    def __init__(
+        self,
+        heartbeats: Heartbeats,
+        *,
+        tls: TlsConfig = PLAINTEXT,
+        access: AccessControl | None = None,
+    ) -> None:
         self.heartbeats = heartbeats
+        self.access = access or AccessControl(None)
         self._tls = tls
         self._server: grpc.Server | None = None
         self.port = 0
@@ -103,7 +122,9 @@ class LivenessServer:
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="liveness"),
             options=server_options(),
         )
-        pb_grpc.add_MasterServiceServicer_to_server(_HeartbeatServicer(self.heartbeats), server)
+        pb_grpc.add_MasterServiceServicer_to_server(
+            _HeartbeatServicer(self.heartbeats, self.access), server
+        )
         bound = bind_grpc(server, f"{host}:{port}", self._tls, "master's heartbeat endpoint")
         server.start()
         self._server = server

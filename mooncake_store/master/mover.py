@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Coroutine
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.auth import SIGNATURE_METADATA, sign_request
 from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import OK, ChecksumMismatchError
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
@@ -40,6 +43,16 @@ class NodeMover:
         self.tiering = tiering
         self.timeout_s = timeout_s
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
+        #: Per node id, the key that signs its control requests (set at mount; empty: auth off).
+        self.control_keys: dict[str, bytes] = {}
+
+    def _signed(self, node_id: str, method: str, request: Message) -> list[tuple[str, str]]:
+        """The metadata that makes `request` a master-signed one for `node_id`."""
+        key = self.control_keys.get(node_id)
+        if key is None:
+            return []
+        body = request.SerializeToString(deterministic=True)
+        return [(SIGNATURE_METADATA, sign_request(key, method, body, time.time()))]
 
     def _stub(self, node_id: str) -> pb_grpc.NodeServiceStub | None:
         state = self.table.node(node_id)
@@ -78,7 +91,8 @@ class NodeMover:
                 for t in tasks
             ])  # fmt: skip
             try:
-                reply = await stub.Move(request, timeout=self.timeout_s)
+                signed = self._signed(node_id, "Move", request)
+                reply = await stub.Move(request, timeout=self.timeout_s, metadata=signed)
                 codes = [s.code for s in reply.statuses]
             except grpc.aio.AioRpcError as exc:
                 log.warning("moves on node %s failed: %s", node_id, exc.code().name)
@@ -109,7 +123,9 @@ class NodeMover:
                     dst_segment=t.dst.segment_id, dst_offset=t.dst_offset,
                 ))  # fmt: skip
             try:
-                reply = await stub.Fetch(pb.FetchRequest(tasks=fetches), timeout=self.timeout_s)
+                request = pb.FetchRequest(tasks=fetches)
+                signed = self._signed(node_id, "Fetch", request)
+                reply = await stub.Fetch(request, timeout=self.timeout_s, metadata=signed)
                 codes = [s.code for s in reply.statuses]
             except grpc.aio.AioRpcError as exc:
                 log.warning("copies to node %s failed: %s", node_id, exc.code().name)
@@ -123,8 +139,9 @@ class NodeMover:
             if stub is None:
                 continue
             try:
-                await stub.Release(pb.ReleaseRequest(segment_id=segment_id, offsets=offsets),
-                                   timeout=5.0)  # fmt: skip
+                request = pb.ReleaseRequest(segment_id=segment_id, offsets=offsets)
+                signed = self._signed(seg.node_id, "Release", request)  # type: ignore[union-attr]
+                await stub.Release(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
                 log.warning("release on node %s failed: %s", seg.node_id, exc.code().name)  # type: ignore[union-attr]
 

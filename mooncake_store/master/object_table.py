@@ -222,9 +222,9 @@ class ObjectTable(ReplicaRelocation):
             IdentityMismatchError: the key is stored under another identity.
             NoSpaceError: no node has room and nothing can be evicted.
         """
-        validate_key(key)
+        validate_key(key, stored=True)
         if parent_key:
-            validate_key(parent_key)
+            validate_key(parent_key, stored=True)
             parent = self._slot.get(parent_key)
             if parent is not None:
                 parent_key = self._key[parent]  # type: ignore[assignment]  # shared: ~110 B a block

@@ -16,9 +16,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mooncake_store.common.addresses import join_host_port
+from mooncake_store.common.auth import TokenAuthority, load_or_create_cluster_key
+from mooncake_store.common.credentials import remove_local_tokens, write_local_tokens
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
+from mooncake_store.master.access import AccessControl, AuthInterceptor
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
@@ -30,6 +33,7 @@ from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
 from mooncake_store.master.service import MasterServicer, add_to_server
+from mooncake_store.master.tenancy import TenantServicer
 from mooncake_store.master.tiering import Tiering
 
 log = logging.getLogger("mooncake.master")
@@ -130,6 +134,9 @@ class MasterServer:
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self.access = AccessControl(None)
+        #: The local token file written at start (auth on), deleted at stop.
+        self.token_file: Path | None = None
 
     async def start(self) -> int:
         if self.port is not None:
@@ -141,6 +148,11 @@ class MasterServer:
         self._store.start()
         if restored:
             log.info("restored %d committed objects from %s", restored, data_dir)
+        if self.config.auth == "on":
+            self.access = AccessControl(TokenAuthority(load_or_create_cluster_key(data_dir)))
+        else:
+            log.warning("authentication is OFF (--auth off): anyone who reaches %s may call",
+                        self.config.host)  # fmt: skip
         cfg = self.config
         server = grpc.aio.server(
             options=[
@@ -148,15 +160,20 @@ class MasterServer:
                 ("grpc.max_concurrent_streams", cfg.max_calls_per_connection),
                 *([("grpc.max_connection_idle_ms", int(cfg.idle_timeout_s * 1000))]
                   if cfg.idle_timeout_s > 0 else []),
-            ]
+            ],
+            interceptors=[AuthInterceptor(self.access)] if self.access.enabled else None,
         )  # fmt: skip
         self._servicer = MasterServicer(
             self.table, self._store, self.config, self.tiering, self.replication,
-            drains=self.drains,
+            drains=self.drains, access=self.access,
         )  # fmt: skip
         registry, self.metrics = master_registry(self.table, self.tiering, self.replication)
         self._servicer.extra_counters = self.metrics.totals
-        add_to_server(InstrumentedServicer(self._servicer, self.metrics, "grpc"), server)  # type: ignore[arg-type]
+        tenants = TenantServicer(
+            self._servicer, self.access
+        )  # each caller's keys: master/tenancy.py
+        add_to_server(InstrumentedServicer(tenants, self.metrics, "grpc"), server)  # type: ignore[arg-type]
+        self.mover.control_keys = self._servicer.control_keys
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)
@@ -164,18 +181,19 @@ class MasterServer:
         port = bind_grpc(server, address, tls, "master")
         await server.start()
         if self.config.liveness_port >= 0:
-            self._liveness = LivenessServer(self.table.heartbeats, tls=tls)
+            self._liveness = LivenessServer(self.table.heartbeats, tls=tls, access=self.access)
             self._servicer.liveness_port = self._liveness.start(
                 self.config.host, self.config.liveness_port
             )
         if self.config.framed_port >= 0:
             self._framed = FramedServer(
-                InstrumentedServicer(self._servicer, self.metrics, "framed"),
+                InstrumentedServicer(tenants, self.metrics, "framed"),
                 max_frame_bytes=self.config.max_message_bytes,
                 tls=tls,
                 max_calls_per_connection=cfg.max_calls_per_connection,
                 idle_timeout_s=cfg.idle_timeout_s,
                 max_connections=cfg.max_connections,
+                access=self.access,
             )
             self.framed_port = self._servicer.framed_port = await self._framed.start(
                 self.config.host, self.config.framed_port
@@ -190,6 +208,14 @@ class MasterServer:
         self._server = server
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         self.port = port
+        if self.access.authority is not None:
+            try:
+                self.token_file = write_local_tokens(
+                    self.access.authority, self.config.host, port, self.config.data_dir
+                )
+            except OSError as exc:
+                log.warning("cannot write the local token file (%s): same-host clients need "
+                            "MOONCAKE_TOKEN", exc)  # fmt: skip
         return port
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -197,6 +223,8 @@ class MasterServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self.token_file is not None and self.port is not None:
+            remove_local_tokens(self.port, self.config.data_dir)
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._framed is not None:
@@ -312,6 +340,13 @@ async def serve(config: MasterConfig) -> None:
         f"{server.metrics_url}",
         flush=True,
     )
+    if server.token_file is not None:
+        print(
+            f"auth on: processes of this uid on this host find their token in {server.token_file};"
+            f" others: mooncake-admin token create --role client --tenant NAME "
+            f"--data-dir {config.data_dir}",
+            flush=True,
+        )
     if server.framed_port:
         log.info("framed control endpoint on %s:%d", config.host, server.framed_port)
     await stop.wait()

@@ -18,10 +18,12 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.auth import Role, control_key, grant_key
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import (
     OK,
+    AccessDeniedError,
     IdentityConflictError,
     InvalidArgumentError,
     MooncakeError,
@@ -32,6 +34,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.grant import GrantMode, sign
 from mooncake_store.common.version import __version__
+from mooncake_store.master.access import AccessControl, Caller
 from mooncake_store.master.batches import SLICE_ITEMS, capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
@@ -115,7 +118,11 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         replication: Replication,
         *,
         drains: Drains | None = None,
+        access: AccessControl | None = None,
     ) -> None:
+        self.access = access or AccessControl(None)
+        #: Per node id: the key that signs the master's control requests to its incarnation.
+        self.control_keys: dict[str, bytes] = {}
         self.table = table
         self.store = store
         self.config = config
@@ -143,8 +150,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             outcome = self._put_start_room(item, owner)
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
-        if outcome.already_exists:
-            return pb.PutStartResult(status=_OK, already_exists=True)
+        if outcome.already_exists:  # with the stored checksum: a different value is a conflict
+            meta = self.table.get(item.key)
+            if meta is None:
+                return pb.PutStartResult(status=_OK, already_exists=True)
+            return pb.PutStartResult(
+                status=_OK,
+                already_exists=True,
+                existing_checksum=meta.checksum,
+                has_existing_checksum=True,
+            )
         return pb.PutStartResult(
             status=_OK,
             replicas=[
@@ -561,9 +576,51 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
 
     # ---- nodes ----------------------------------------------------------------------------
 
+    def _node_keys(self, request: pb.MountSegmentRequest, caller: Caller) -> tuple[bytes, bytes]:
+        """The node's grant key and control key: derived from its node token's secret when
+        authentication is on (the node derives the same keys; they never travel), else the
+        grant key the node sent (and no control key).
+
+        Raises:
+            AccessDeniedError: the caller may not act as this node.
+        """
+        authority = self.access.authority
+        if authority is None:
+            if len(request.secret) < 16:
+                raise AccessDeniedError(
+                    "this master runs with --auth off, but the node has a token (it derives its "
+                    "grant key and sends none): start the master with auth on, or the node "
+                    "without a token"
+                )
+            return bytes(request.secret), b""
+        if caller.role is not Role.NODE or not caller.may_act_as_node(request.node_id):
+            raise AccessDeniedError(
+                f"mounting node {request.node_id!r} needs a node token bound to that id "
+                f"(`mooncake-admin token create --role node --node-id {request.node_id}`); "
+                f"this is a {caller.role.value} token"
+                + (f" for node {caller.node_id!r}" if caller.node_id else "")
+            )
+        secret = authority.node_secret(caller.node_id, caller.token_id)
+        node_id, incarnation = request.node_id, request.incarnation
+        return grant_key(secret, node_id, incarnation), control_key(secret, node_id, incarnation)
+
+    def _check_node(self, node_id: str, context: object) -> None:
+        caller = self.access.caller(context)
+        if self.access.enabled and not caller.may_act_as_node(node_id):
+            raise AccessDeniedError(
+                f"a {caller.role.value} token "
+                + (f"of node {caller.node_id!r} " if caller.node_id else "")
+                + f"may not act as node {node_id!r}"
+            )
+
     async def MountSegment(
         self, request: pb.MountSegmentRequest, context: object
     ) -> pb.MountSegmentResponse:
+        try:
+            secret, control = self._node_keys(request, self.access.caller(context))
+        except AccessDeniedError as refused:
+            log.warning("refused a mount of node %r: %s", request.node_id, refused)
+            return pb.MountSegmentResponse(status=_status(refused))
         try:
             node = NodeInfo(
                 node_id=request.node_id,
@@ -571,7 +628,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 endpoint=request.endpoint,
                 shm_socket=request.shm_socket,
                 control_endpoint=request.control_endpoint,
-                secret=bytes(request.secret),
+                secret=secret,
             )
             segments = [
                 (
@@ -603,6 +660,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         except IdentityConflictError as exc:
             log.error("refused the mount of node %s: %s", node.node_id, exc.message)
             return pb.MountSegmentResponse(status=_status(exc))
+        if control:  # the keys of the incarnation that mounted, once it has
+            self.control_keys[node.node_id] = control
         await self.persist_dirty()
         if fresh:
             log.info(
@@ -621,12 +680,20 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: object
     ) -> pb.HeartbeatResponse:
+        try:
+            self._check_node(request.node_id, context)
+        except AccessDeniedError as refused:
+            return pb.HeartbeatResponse(status=_status(refused))
         if self.table.heartbeat(request.node_id, request.incarnation):
             return pb.HeartbeatResponse(status=_OK)
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=_status(exc))
 
     async def UnmountSegment(self, request: pb.UnmountSegmentRequest, context: object) -> pb.Status:
+        try:
+            self._check_node(request.node_id, context)
+        except AccessDeniedError as refused:
+            return _status(refused)
         self.drains.forget(request.node_id)
         deleted = self.table.unmount(request.node_id, request.incarnation)
         log.info("unmounted node %s (%d objects lost)", request.node_id, len(deleted))
@@ -638,6 +705,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.DrainNodeRequest, context: object
     ) -> pb.DrainNodeResponse:
         """Start (or continue) draining a node that is about to stop (see drain.py)."""
+        try:
+            self._check_node(request.node_id, context)
+        except AccessDeniedError as refused:
+            return pb.DrainNodeResponse(status=_status(refused))
         started = request.node_id not in self.drains.draining
         try:
             progress = self.drains.drain(request.node_id, request.incarnation)
@@ -733,6 +804,47 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
             ),
             counters=counters,
         )
+
+    # ---- credentials (issue 12) -------------------------------------------------------------
+
+    async def Authenticate(
+        self, request: pb.AuthenticateRequest, context: object
+    ) -> pb.AuthenticateResponse:
+        """Who the caller is (a framed connection authenticates in FramedServer)."""
+        try:
+            caller = (
+                self.access.authenticate(request.token, request.tenant)
+                if request.token
+                else self.access.caller(context)
+            )
+        except AccessDeniedError as refused:
+            return pb.AuthenticateResponse(status=_status(refused), auth=self.access.enabled)
+        return pb.AuthenticateResponse(
+            status=_OK,
+            role=caller.role.value,
+            tenant=caller.tenant,
+            node_id=caller.node_id,
+            auth=self.access.enabled,
+        )
+
+    async def CreateToken(
+        self, request: pb.CreateTokenRequest, context: object
+    ) -> pb.CreateTokenResponse:
+        """A new token, for an admin (the role table admits no one else)."""
+        authority = self.access.authority
+        if authority is None:
+            problem = "this master runs with --auth off: it issues no tokens"
+            return pb.CreateTokenResponse(status=_status(InvalidArgumentError(problem)))
+        try:
+            token = authority.issue(
+                Role(request.role), request.tenant, ttl_s=request.ttl_s, node_id=request.node_id
+            )
+        except (MooncakeError, ValueError) as exc:
+            return pb.CreateTokenResponse(status=_status(InvalidArgumentError(str(exc))))
+        caller = self.access.caller(context)
+        log.info("admin token %s issued a %s token for tenant %r", caller.token_id,
+                 request.role, request.tenant)  # fmt: skip
+        return pb.CreateTokenResponse(status=_OK, token=token)
 
 
 def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:

@@ -65,6 +65,13 @@ class NodeConfig:
         "", "Group (name or gid) whose members, besides this uid, may map the pool (unset: none)."
     )
 
+    token_file: str = setting(
+        "",
+        "File holding this node's token (mooncake-admin token create --role node --node-id ID); "
+        "unset: MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then the master's local token file (same "
+        "host, same user).  Required with a non-loopback --host.",
+    )
+
     @property
     def tls(self) -> TlsConfig:
         return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)

@@ -20,12 +20,21 @@ import ssl
 import threading
 from concurrent.futures import Executor
 
+import grpc
+from google.protobuf.message import Message
+
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.addresses import split_host_port
+from mooncake_store.common.auth import SIGNATURE_METADATA, RequestVerifier
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.checksum import checksum
-from mooncake_store.common.errors import OK, ChecksumMismatchError, DataPathError
+from mooncake_store.common.errors import (
+    OK,
+    AccessDeniedError,
+    ChecksumMismatchError,
+    DataPathError,
+)
 from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.wire import MAX_ERROR_BYTES, RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
@@ -38,7 +47,10 @@ class NodeControl(pb_grpc.NodeServiceServicer):
     def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
                  gpu: dict[int, GpuTier], executor: Executor, *,
                  tls: ssl.SSLContext | None = None,
-                 fences: dict[int, WriteFence] | None = None) -> None:  # fmt: skip
+                 fences: dict[int, WriteFence] | None = None,
+                 verifier: RequestVerifier | None = None) -> None:  # fmt: skip
+        self.verifier = verifier  # None: the node has no token (its master runs --auth off)
+        self.refused = 0
         self.dram = dram
         self.fences = fences if fences is not None else {}  # the data path's (DataAccess)
         self.tls = tls  # the client context of fetches from other nodes (None: plaintext)
@@ -52,7 +64,24 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         self.checksum_failures = 0  # blocks that failed their checksum in a move or a fetch
         self._local = threading.local()  # each I/O thread's fetch staging buffer
 
+    async def _check(self, method: str, request: Message, context: object) -> None:
+        """Abort the call (PERMISSION_DENIED) unless the master signed this very request."""
+        if self.verifier is None:
+            return
+        ctx: grpc.aio.ServicerContext = context  # type: ignore[assignment]
+        signature = ""
+        for key, value in ctx.invocation_metadata() or ():
+            if key == SIGNATURE_METADATA:
+                signature = value if isinstance(value, str) else value.decode()
+        try:
+            self.verifier.verify(method, request.SerializeToString(deterministic=True), signature)
+        except AccessDeniedError as exc:
+            self.refused += 1
+            log.warning("refused a %s request: %s", method, exc)
+            await ctx.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
+        await self._check("Move", request, context)
         loop = asyncio.get_running_loop()
         statuses = await loop.run_in_executor(self.executor, self._move_all, list(request.tasks))
         return pb.MoveResponse(statuses=statuses)
@@ -119,6 +148,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         raise DataPathError(f"no move from segment {src:x} to {dst:x}")
 
     async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
+        await self._check("Fetch", request, context)
         loop = asyncio.get_running_loop()
         statuses = await loop.run_in_executor(self.executor, self._fetch_all, list(request.tasks))
         return pb.FetchResponse(statuses=statuses)
@@ -192,6 +222,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         return pb.Status(code=OK)
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:
+        await self._check("Release", request, context)
         tier = self.nvme.get(request.segment_id)
         if tier is not None and request.offsets:
             loop = asyncio.get_running_loop()

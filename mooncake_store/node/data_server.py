@@ -169,7 +169,10 @@ class _Connection(asyncio.BufferedProtocol):
         # The client reads a reply completely before its next request, so the previous
         # NVMe staging buffer is no longer referenced by the transport.
         self._drop_staging()
-        if op is Op.PING:
+        if op is Op.PING:  # answered only to a holder of one of this node's grants
+            if verify_grant(self.access.secret, grant) is None:
+                self.access.denied += 1
+                raise AccessDeniedError("PING needs a grant signed by this node's master")
             self._reply(OK, b"")
             self._expect("header", memoryview(self._header))
         elif op is Op.DIGESTS:

@@ -35,8 +35,11 @@ class MasterLink:
         build_mount: Callable[[], pb.MountSegmentRequest],
         *,
         tls: TlsConfig = PLAINTEXT,
+        token: str = "",
     ) -> None:
         self.master = master
+        # The bearer part of the node token (never its secret), sent with every call.
+        self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._build_mount = build_mount
         first = build_mount()
         self.node_id = first.node_id
@@ -78,7 +81,9 @@ class MasterLink:
         """Mount the node's segments; False (and a log line) when the master is unreachable."""
         try:
             request = self._build_mount()
-            reply = self._stub.MountSegment(request, timeout=timeout_s, wait_for_ready=True)
+            reply = self._stub.MountSegment(
+                request, timeout=timeout_s, wait_for_ready=True, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s: %s", self.master, exc.code().name,
                         exc.details())  # fmt: skip
@@ -111,7 +116,9 @@ class MasterLink:
                 continue
             request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
-                reply = self._beat_stub.Heartbeat(request, timeout=max(self.interval_s, 1.0))
+                reply = self._beat_stub.Heartbeat(
+                    request, timeout=max(self.interval_s, 1.0), metadata=self._metadata
+                )
             except grpc.RpcError as exc:
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
                 if self._beat_channel is not None:  # the master may have restarted: ask again
@@ -135,7 +142,7 @@ class MasterLink:
         if unmount and self.mounted.is_set():
             request = pb.UnmountSegmentRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
-                self._stub.UnmountSegment(request, timeout=2)
+                self._stub.UnmountSegment(request, timeout=2, metadata=self._metadata)
             except grpc.RpcError as exc:
                 log.warning("unmount from %s failed: %s", self.master, exc.code().name)
         if self._beat_channel is not None:

@@ -16,8 +16,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.addresses import join_host_port
+from mooncake_store.common.auth import (
+    ANY_NODE,
+    RequestVerifier,
+    Role,
+    bearer,
+    control_key,
+    grant_key,
+    node_secret_of,
+    parse_claims,
+)
+from mooncake_store.common.credentials import discover_token, is_loopback, read_token_file
 from mooncake_store.common.daemon import StartupError
-from mooncake_store.common.errors import OK, InvalidArgumentError
+from mooncake_store.common.errors import OK, AccessDeniedError, InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
@@ -43,6 +54,30 @@ def _random_id() -> int:
     return int.from_bytes(os.urandom(8), "little") or 1
 
 
+def resolve_node_token(config: NodeConfig) -> str:
+    """The node's token: --token-file, else MOONCAKE_TOKEN(_FILE), else the master's local
+    token file; "" when there is none (only for a loopback node of a master with --auth off).
+
+    Raises:
+        InvalidArgumentError: not a node token, or none for a node on a non-loopback address.
+    """
+    if config.token_file:
+        token = read_token_file(config.token_file)
+    else:
+        token = discover_token(config.master, Role.NODE)
+    if token:
+        try:
+            node_secret_of(token)
+        except AccessDeniedError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+    elif not is_loopback(config.host):
+        raise InvalidArgumentError(
+            f"a node on {config.host} needs a node token: create one on the master's host with "
+            "`mooncake-admin token create --role node --node-id ID` and pass --token-file"
+        )
+    return token
+
+
 class StoreNode:
     """A running store node.  `start()` binds, mounts on the master and returns the data port."""
 
@@ -55,7 +90,12 @@ class StoreNode:
         self.config = config
         self.incarnation = _random_id()
         self.segment_id = _random_id()  # the DRAM segment: new with every process
+        # Credentials: a node token's secret (grant and control keys are derived from it and
+        # never sent), or, with no token (a master with --auth off), a random grant key sent
+        # in the mount.
+        self.token = resolve_node_token(config)
         self.secret = os.urandom(32)
+        self.verifier: RequestVerifier | None = None
         self.pool: SharedPool | None = None
         self.nvme: NvmeTier | None = None
         self.gpu: GpuTier | None = None
@@ -115,6 +155,19 @@ class StoreNode:
             raise port_in_use("node's data port", join_host_port(cfg.host, cfg.port)) from exc
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
+        if self.token:
+            claims = parse_claims(self.token)
+            if claims.node_id not in (self.node_id, ANY_NODE):
+                raise InvalidArgumentError(
+                    f"the node token is bound to node id {claims.node_id!r}, but this node runs "
+                    f"as {self.node_id!r}: pass --node-id {claims.node_id}"
+                )
+            node_secret = node_secret_of(self.token)
+            self.secret = grant_key(node_secret, self.node_id, self.incarnation)
+            self.verifier = RequestVerifier(
+                control_key(node_secret, self.node_id, self.incarnation)
+            )
+            self.access.secret = self.secret
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
         self._shm = ShmServer(
             self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes,
@@ -130,6 +183,7 @@ class StoreNode:
         control = self.control = NodeControl(
             self.access.dram, self.access.nvme, self.access.gpu, self._io,
             tls=tls.client_context() if tls.serves else None, fences=self.access.fences,
+            verifier=self.verifier,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
         self.data_service = DataServicer(self.access)  # issue 15: the data path over gRPC
@@ -146,7 +200,8 @@ class StoreNode:
 
         self._metrics = await start_metrics(node_registry(self), cfg.host, cfg.metrics_port, "node")
         self.metrics_url = url(cfg.host, self._metrics)
-        self._link = MasterLink(cfg.master, self._mount_request, tls=tls)
+        token = bearer(self.token) if self.token else ""
+        self._link = MasterLink(cfg.master, self._mount_request, tls=tls, token=token)
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             refusal = self._link.refusal
             if refusal:
@@ -186,7 +241,7 @@ class StoreNode:
             endpoint=join_host_port(cfg.advertised_host, self.port or 0),
             shm_socket=self._shm_name,
             control_endpoint=join_host_port(cfg.advertised_host, self.control_port or 0),
-            secret=self.secret,
+            secret=b"" if self.token else self.secret,  # with a token: derived, never sent
             segments=segments,
         )
 

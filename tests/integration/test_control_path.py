@@ -16,13 +16,24 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedEndpoint
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.common.auth import Role, bearer
+from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from tests.conftest import FAST_MASTER
 
 
+def client_token(master: str) -> str:
+    """The token a same-host process of the master's uid finds (its bearer part)."""
+    return bearer(discover_token(master, Role.CLIENT))
+
+
 def hello(master: str) -> pb.HelloResponse:
+    """Hello over plain gRPC, with the token a same-host process of this uid finds."""
+    token = client_token(master)
     with grpc.insecure_channel(master) as channel:
-        return pb_grpc.MasterServiceStub(channel).Hello(pb.HelloRequest(), timeout=5)
+        return pb_grpc.MasterServiceStub(channel).Hello(
+            pb.HelloRequest(), timeout=5, metadata=[("authorization", f"Bearer {token}")]
+        )
 
 
 def roundtrip(store: Client, prefix: str) -> None:
@@ -88,7 +99,9 @@ def test_async_client_pipelines_calls_on_one_connection(cluster):
 def test_framed_tcp_endpoint_serves_like_the_unix_one(cluster):
     reply = hello(cluster.master_address)
     endpoint = FramedEndpoint("127.0.0.1", reply.framed_port)  # no unix name: TCP
-    channel = BlockingFramedChannel.connect(endpoint, timeout_s=5, max_frame_bytes=1 << 20)
+    channel = BlockingFramedChannel.connect(
+        endpoint, timeout_s=5, max_frame_bytes=1 << 20, token=client_token(cluster.master_address)
+    )
     try:
         assert not channel.unix
         with Client(cluster.master_address) as store:
@@ -120,6 +133,9 @@ def raw_call(sock: socket.socket, call_id: int, method: int, payload: bytes) -> 
 def test_bad_frames_get_errors_and_leave_the_master_serving(cluster):
     port = hello(cluster.master_address).framed_port
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        auth = pb.AuthenticateRequest(token=client_token(cluster.master_address))
+        status, _ = raw_call(sock, 0, METHOD_IDS["Authenticate"], auth.SerializeToString())
+        assert status == FrameStatus.OK
         status, body = raw_call(sock, 1, 999, b"")
         assert status == FrameStatus.UNKNOWN_METHOD and b"999" in body
         status, body = raw_call(sock, 2, METHOD_IDS["BatchExists"], b"\xff\xff\xff")
@@ -138,7 +154,9 @@ def test_bad_frames_get_errors_and_leave_the_master_serving(cluster):
 
 def test_blocking_channel_refuses_a_reply_to_another_call(cluster):
     endpoint = FramedEndpoint("127.0.0.1", hello(cluster.master_address).framed_port)
-    channel = BlockingFramedChannel.connect(endpoint, timeout_s=5, max_frame_bytes=1 << 20)
+    channel = BlockingFramedChannel.connect(
+        endpoint, timeout_s=5, max_frame_bytes=1 << 20, token=client_token(cluster.master_address)
+    )
     try:
         channel.sock.sendall(HEADER.pack(1, 77, METHOD_IDS["Stats"]) + b"\xff")
         with pytest.raises(ConnectionError):  # the reply answers call 77, not ours

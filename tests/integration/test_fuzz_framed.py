@@ -61,8 +61,10 @@ def test_split_frames_takes_only_whole_frames_under_the_cap(data, cap):
 @pytest.fixture(scope="module")
 def framed_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     loop = asyncio.new_event_loop()
+    # --auth off: the frames reach every method's parser (with auth on, a connection's first
+    # call must authenticate; tests/integration/test_security.py covers that refusal).
     config = MasterConfig(port=0, data_dir=str(tmp_path_factory.mktemp("fuzz-master")),
-                          max_message_bytes=MAX_FRAME)  # fmt: skip
+                          max_message_bytes=MAX_FRAME, auth="off")  # fmt: skip
     server = MasterServer(config)
     _MASTER_PORT[:] = [loop.run_until_complete(server.start())]
     thread = threading.Thread(target=loop.run_forever, daemon=True)

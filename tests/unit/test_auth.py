@@ -103,3 +103,28 @@ def test_admin_token_create_prints_a_token_the_master_key_verifies(tmp_path: Pat
     missing = runner.invoke(admin, ["token", "create", "--role", "client",
                                     "--data-dir", str(tmp_path / "none")])  # fmt: skip
     assert missing.exit_code == 2 and "no cluster key" in missing.output
+
+
+def test_every_master_method_says_how_it_names_keys() -> None:
+    """A method added to MasterService must join tenancy's REQUEST_KEYS or KEYLESS, so no
+    key-addressed call can bypass the tenant namespaces."""
+    from mooncake_store._proto import mooncake_store_pb2 as pb
+    from mooncake_store.master.tenancy import KEYLESS, REQUEST_KEYS
+
+    methods = set(pb.DESCRIPTOR.services_by_name["MasterService"].methods_by_name)
+    assert methods == set(REQUEST_KEYS) | KEYLESS, methods ^ (set(REQUEST_KEYS) | KEYLESS)
+    assert not set(REQUEST_KEYS) & KEYLESS
+
+
+def test_callers_of_a_tenant_name_only_their_own_stored_keys() -> None:
+    from mooncake_store.common.errors import InvalidKeyError
+    from mooncake_store.master.access import DEFAULT_TENANT, Caller
+
+    team = Caller(Role.CLIENT, "team-a")
+    default = Caller(Role.CLIENT, DEFAULT_TENANT)
+    assert team.internal("k") == "team-a\0k" and default.internal("k") == "k"
+    assert team.external("team-a\0k") == "k" and team.external("other\0k") == ""
+    assert default.owns("k") and not default.owns("team-a\0k") and not team.owns("k")
+    for caller in (team, default):
+        with pytest.raises(InvalidKeyError, match="NUL"):
+            caller.internal("team-b\0k")

@@ -253,7 +253,8 @@ def data_server():
 
 def _ping(port: int) -> tuple[int, int, int]:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(pack_request(Op.PING, b"", 0, 0))
+        # A PING carries one of the node's grants (issue 12): only its holders get an answer.
+        sock.sendall(pack_request(Op.PING, _grant(0, 16, GrantMode.READ), 0, 0))
         return RESPONSE.unpack(sock.recv(RESPONSE.size, socket.MSG_WAITALL))
 
 

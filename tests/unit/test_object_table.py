@@ -253,7 +253,7 @@ def test_bad_input(table):
     with pytest.raises(InvalidKeyError):
         table.put_start("", 1)
     with pytest.raises(InvalidKeyError):
-        table.put_start("x" * 1025, 1)
+        table.put_start("x" * 2000, 1)
     with pytest.raises(InvalidValueError):
         table.put_start("k", 0)
     with pytest.raises(InvalidValueError, match="larger than any node's pool"):
