@@ -65,8 +65,9 @@ def connect(master: str) -> Iterator[Any]:
 
 
 def master_metadata(master: str) -> tuple[tuple[str, str], ...] | None:
-    """gRPC metadata with the caller's client token for raw calls to `master` (None: no token,
-    or a build without auth); the token is found as the SDK finds it."""
+    """gRPC metadata with an admin token for raw calls to `master` (None: no token, or a build
+    without auth): MOONCAKE_TOKEN(_FILE), else the admin token of the master's local token file
+    (on its host, as its user).  DrainNode needs an admin (or the node's own) token."""
     try:
         from mooncake_store.common.auth import Role, bearer  # type: ignore[attr-defined]
         from mooncake_store.common.credentials import (  # type: ignore[import-not-found]
@@ -74,7 +75,7 @@ def master_metadata(master: str) -> tuple[tuple[str, str], ...] | None:
         )
     except ImportError:
         return None
-    token = discover_token(master, Role.CLIENT)
+    token = discover_token(master, Role.ADMIN)
     return (("authorization", f"Bearer {bearer(token)}"),) if token else None
 
 

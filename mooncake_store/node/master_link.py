@@ -132,7 +132,7 @@ class MasterLink:
     def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
         """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""
         request = pb.DrainNodeRequest(node_id=self.node_id, incarnation=self.incarnation)
-        return self._stub.DrainNode(request, timeout=timeout_s)  # type: ignore[no-any-return]
+        return self._stub.DrainNode(request, timeout=timeout_s, metadata=self._metadata)  # type: ignore[no-any-return]
 
     def stop(self, *, unmount: bool = True) -> None:
         """Stop heartbeating and (by default) unmount so the master drops this node at once."""
