@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.common.auth import Role, TokenAuthority, read_cluster_key
 from mooncake_store.common.framed import HEADER, METHODS, FrameStatus, message_types, split_frames
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import MasterServer
@@ -75,8 +76,11 @@ def framed_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     thread.join(5)
 
 
-def _exchange(port: int, data: bytes, expect_replies: int) -> tuple[list[tuple], bool]:
-    """Send `data`, read up to `expect_replies` replies; (replies, whether the master hung up)."""
+def _exchange(
+    port: int, data: bytes, expect_replies: int, *, eof_after: int | None = None
+) -> tuple[list[tuple], bool]:
+    """Send `data`, read up to `expect_replies` replies (or until the master hangs up, once a
+    reply with status `eof_after` came); (replies, whether the master hung up)."""
     replies: list[tuple] = []
     buffer = bytearray()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -84,7 +88,7 @@ def _exchange(port: int, data: bytes, expect_replies: int) -> tuple[list[tuple],
             sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             return replies, True
-        while len(replies) < expect_replies:
+        while len(replies) < expect_replies or any(r[1] == eof_after for r in replies):
             try:
                 chunk = sock.recv(1 << 16)
             except ConnectionResetError:
@@ -270,3 +274,52 @@ def test_every_grpc_method_answers_hostile_values_without_crashing(grpc_channel,
         response_deserializer=pb.StatsResponse.FromString,
     )
     stats(pb.StatsRequest(), timeout=10)
+
+
+# ---- with auth on: nothing but a genuine Authenticate opens a connection ----------------------
+
+
+@pytest.fixture(scope="module")
+def auth_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str]]:
+    loop = asyncio.new_event_loop()
+    data_dir = tmp_path_factory.mktemp("fuzz-auth-master")
+    server = MasterServer(MasterConfig(port=0, data_dir=str(data_dir), max_message_bytes=MAX_FRAME))
+    loop.run_until_complete(server.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    token = TokenAuthority(read_cluster_key(data_dir)).issue(Role.CLIENT, "fuzz")
+    yield server.framed_port, token
+    asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+_AUTH = METHODS.index("Authenticate")
+_first_frames = st.one_of(
+    st.tuples(st.integers(0, 40), st.binary(max_size=120)),
+    st.tuples(st.just(_AUTH), st.builds(
+        lambda token, tenant: pb.AuthenticateRequest(token=token, tenant=tenant)
+        .SerializeToString(), st.text(max_size=120), st.text(max_size=20))),
+)  # fmt: skip
+
+
+@FUZZ
+@given(_first_frames, st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=60)), max_size=2))
+def test_unauthenticated_frames_are_refused_and_the_master_keeps_serving(auth_master, first, rest):
+    port, token = auth_master
+    frames = [(1, *first), *[(i + 2, m, p) for i, (m, p) in enumerate(rest)]]
+    data = b"".join(HEADER.pack(len(p), cid, m) + p for cid, m, p in frames)
+    replies, hung_up = _exchange(port, data, len(frames), eof_after=FrameStatus.UNAUTHENTICATED)
+    for call_id, status, payload in replies:
+        assert status in (FrameStatus.UNAUTHENTICATED, FrameStatus.BAD_REQUEST,
+                          FrameStatus.UNKNOWN_METHOD), (call_id, status, payload[:200])  # fmt: skip
+        payload.decode()
+    if any(status == FrameStatus.UNAUTHENTICATED for _, status, _ in replies):
+        assert hung_up  # nothing more is read from an unauthenticated peer
+    # A genuine client still gets in and is served.
+    hello = pb.AuthenticateRequest(token=token).SerializeToString()
+    stats = pb.StatsRequest().SerializeToString()
+    data = HEADER.pack(len(hello), 1, _AUTH) + hello
+    data += HEADER.pack(len(stats), 2, METHODS.index("Stats")) + stats
+    replies, _ = _exchange(port, data, 2)
+    assert [(cid, status) for cid, status, _ in replies] == [(1, 0), (2, 0)]

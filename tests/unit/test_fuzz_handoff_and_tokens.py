@@ -1,6 +1,7 @@
 """Property-based fuzzing of the other parsers a peer reaches: the shared-memory hand-off reply
-(common/shm_handoff.py, client/transport.py ShmMapper), data-path grants (common/grant.py) and
-tokens (common/auth.py).  Each either parses or raises its one documented error."""
+(common/shm_handoff.py, client/transport.py ShmMapper), data-path grants (common/grant.py),
+tokens and master-signed control requests (common/auth.py) and the master's credential check
+(master/access.py).  Each either parses or raises its one documented error."""
 
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ from mooncake_store.client.transport import ShmMapper
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.auth import (
     TOKEN_VERSION,
+    RequestVerifier,
     Role,
     TokenAuthority,
     bearer,
     node_secret_of,
     parse_claims,
+    sign_request,
 )
 from mooncake_store.common.errors import AccessDeniedError
 from mooncake_store.common.grant import GRANT_BYTES, verify_grant
 from mooncake_store.common.shm_handoff import HELLO, REFUSED, HandoffRefused, parse_hello
+from mooncake_store.master.access import AccessControl
 
 EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "200"))  # more for a bug hunt
 FUZZ = settings(max_examples=EXAMPLES, deadline=None)
@@ -158,3 +162,51 @@ def test_tokens_parse_or_are_refused_with_access_denied(token):
     except AccessDeniedError:
         return
     assert claims == AUTHORITY.verify(GOOD)  # only the genuine token (or its bearer form)
+
+
+# ---- master-signed control requests and the master's credential check -------------------------
+
+CONTROL_KEY = b"c" * 32
+
+
+@FUZZ
+@given(
+    st.sampled_from(["Fetch", "Move", "Release"]),
+    st.binary(max_size=40),
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(
+            lambda n, h: f"{n}.{h}",
+            st.integers(-(10**400), 10**400),
+            st.text("0123456789abcdef", max_size=40),
+        ),
+    ),
+)
+def test_control_signatures_verify_or_are_refused(method, body, signature):  # fmt: skip
+    now = 1_000_000.0
+    verifier = RequestVerifier(CONTROL_KEY, clock=lambda: now)
+    try:
+        verifier.verify(method, body, signature)
+    except AccessDeniedError as exc:
+        assert method in exc.message
+    else:  # only a genuine one passes (a random one cannot)
+        assert signature == sign_request(CONTROL_KEY, method, body, now)
+    genuine = sign_request(CONTROL_KEY, method, body, now)
+    verifier.verify(method, body, genuine)
+    try:
+        verifier.verify(method, body, genuine)
+        raise AssertionError("a replayed request was accepted")
+    except AccessDeniedError as exc:
+        assert "replayed" in exc.message
+
+
+@FUZZ
+@given(tokens, st.one_of(st.just(""), st.text(max_size=30)))
+def test_the_master_turns_any_credentials_into_a_caller_or_access_denied(token, tenant):
+    access = AccessControl(AUTHORITY)
+    try:
+        caller = access.authenticate(token, tenant)
+    except AccessDeniedError as exc:
+        assert exc.message
+        return
+    assert caller.role is Role.CLIENT and caller.tenant == "tenant-a"
