@@ -162,7 +162,8 @@ class NodeMover:
                 ]
             )
             try:
-                await stub.FenceWrites(request, timeout=5.0)
+                signed = self._signed(node_id, "FenceWrites", request)
+                await stub.FenceWrites(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
                 log.warning("write fence on node %s failed: %s", node_id, exc.code().name)
                 self.table.fence_failed()

@@ -215,7 +215,10 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         return pb.Status(code=OK)
 
     async def FenceWrites(self, request: pb.FenceWritesRequest, context: object) -> pb.Status:
-        """The master's write fences (issue 11): each replaces the segment's previous one."""
+        """The master's write fences (issue 11): each replaces the segment's previous one.
+        Master-signed like Fetch/Move/Release: an unsigned fence could lower the floor and
+        make ended write grants work again."""
+        await self._check("FenceWrites", request, context)
         for fence in request.fences:
             if fence.segment_id in self.dram:
                 self.fences[fence.segment_id] = WriteFence(fence.floor, frozenset(fence.open))
