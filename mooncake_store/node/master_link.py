@@ -77,8 +77,11 @@ class MasterLink:
             self._beat_channel = self._open(address)
             self._beat_stub = pb_grpc.MasterServiceStub(self._beat_channel)
 
-    def mount(self, timeout_s: float) -> bool:
-        """Mount the node's segments; False (and a log line) when the master is unreachable."""
+    def mount(self, timeout_s: float, *, keep_mounted: bool = False) -> bool:
+        """Mount the node's segments; False (and a log line) when the master is unreachable.
+
+        `keep_mounted`: an unreachable master leaves the node counted as mounted (it goes on
+        heartbeating), for a mount that only asks where to heartbeat."""
         try:
             request = self._build_mount()
             reply = self._stub.MountSegment(
@@ -87,7 +90,8 @@ class MasterLink:
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s: %s", self.master, exc.code().name,
                         exc.details())  # fmt: skip
-            self.mounted.clear()
+            if not keep_mounted:
+                self.mounted.clear()
             return False
         if reply.status.code != OK:
             self.refusal = reply.status.message
@@ -121,8 +125,11 @@ class MasterLink:
                 )
             except grpc.RpcError as exc:
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
-                if self._beat_channel is not None:  # the master may have restarted: ask again
-                    self.mounted.clear()
+                if self._beat_channel is not None and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    # Nothing listens there (the master restarted?): ask the main port where
+                    # to heartbeat, and go on heartbeating meanwhile.  A slow reply is only
+                    # retried: the main port may be busy, the heartbeat port is not.
+                    self.mount(timeout_s=max(self.interval_s, 1.0), keep_mounted=True)
                 continue
             self.heartbeats += 1
             if reply.status.code == SegmentNotFoundError.code:
