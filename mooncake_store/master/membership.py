@@ -272,6 +272,10 @@ class Membership(ObjectColumns):
         """The segment, when it is offered (its node is not suspect)."""
         return self._offered.get(segment_id)
 
+    def mounted_segment(self, segment_id: int) -> Segment | None:
+        """The segment while it is mounted, offered or not (its node may be suspect)."""
+        return self._segments.get(segment_id)
+
     def node(self, node_id: str) -> NodeState | None:
         return self._nodes.get(node_id)
 

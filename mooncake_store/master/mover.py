@@ -134,7 +134,7 @@ class NodeMover:
 
     async def release(self, released: dict[int, list[int]]) -> None:
         for segment_id, offsets in released.items():
-            seg = self.table.segment(segment_id)
+            seg = self.table.mounted_segment(segment_id)  # a suspect node is told too
             stub = self._stub(seg.node_id) if seg is not None else None
             if stub is None:
                 continue
