@@ -69,9 +69,14 @@ def start_node(master: str, log_dir: Path, node_id: str, *extra: str) -> DaemonP
     return DaemonProcess(args, log_dir / f"{node_id}-{time.monotonic_ns()}.log", _NODE_READY, 30)
 
 
-def test_a_stalled_master_loop_drops_no_node_and_deletes_no_object(tmp_path: Path) -> None:
-    # No grace window: only the heartbeat path keeps the nodes alive through the stall.  (With
-    # --liveness-port -1, heartbeats on the serving loop, both nodes are dropped: the old way.)
+def test_a_busy_master_drops_no_node_and_deletes_no_object(tmp_path: Path) -> None:
+    """A serving loop held for three heartbeat TTLs, then the issue's repro scaled: two clients
+    sending 100k-key lookups back to back for two TTLs.  No grace window: only the heartbeat
+    path keeps the nodes alive.  (With --liveness-port -1, heartbeats on the serving loop, and
+    batches served in one go, the old master, both nodes are dropped in either phase.)"""
+    from mooncake_store.client.master_client import MasterClient
+    from mooncake_store.client.types import Retry
+
     config = MasterConfig(
         port=0, data_dir=str(tmp_path / "master"), heartbeat_interval_s=0.2,
         heartbeat_ttl_s=1.0, suspect_grace_s=0.0,
@@ -79,23 +84,48 @@ def test_a_stalled_master_loop_drops_no_node_and_deletes_no_object(tmp_path: Pat
     master = InProcessMaster(config)
     address = f"127.0.0.1:{master.port}"
     nodes = [start_node(address, tmp_path, f"n{i}") for i in range(2)]
+
+    def nothing_dropped(store: Client, keys: list[str]) -> None:
+        for _ in range(5):  # several ticks after the stall or the load
+            assert store.stats().counters["nodes_expired"] == 0
+            time.sleep(0.1)
+        assert master.server.table.counters["nodes_suspected"] == 0
+        assert store.stats().objects == len(keys)
+        assert all(store.get(k) == value(k) for k in keys)
+
     try:
         with Client(address) as store:
             wait_until(lambda: len(store.list_nodes()) == 2, what="nodes to mount")
-            keys = [f"stall/{i}" for i in range(20)]
+            keys = [f"busy/{i}" for i in range(20)]
             for key in keys:
                 store.put(key, value(key))
-            table = master.server.table
-            master.stall(3.0)  # three heartbeat TTLs without serving a client call or a tick
+
+            master.stall(3.0)  # three TTLs without serving a client call or a tick
             time.sleep(0.2)
-            # Blocked until the stall is over: the client waits, nothing fails.
-            assert len(store.list_nodes()) == 2
-            for _ in range(5):  # several ticks after the stall
-                assert store.stats().counters["nodes_expired"] == 0
-                time.sleep(0.1)
-            assert table.counters["nodes_suspected"] == 0
-            assert store.stats().objects == len(keys)
-            assert all(store.get(k) == value(k) for k in keys)
+            assert len(store.list_nodes()) == 2  # answered once the stall is over
+            nothing_dropped(store, keys)
+
+            lookups = [*keys, *(f"absent/{i}" for i in range(100_000 - len(keys)))]
+            end = time.monotonic() + 2.0
+            sent = [0, 0]
+
+            def load(slot: int) -> None:
+                async def run() -> None:
+                    client = MasterClient(address, timeout_s=60, retry=Retry())
+                    while time.monotonic() < end:
+                        await client.get_replica_list(lookups)
+                        sent[slot] += 1
+                    await client.close()
+
+                asyncio.run(run())
+
+            threads = [threading.Thread(target=load, args=(i,)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert sum(sent) >= 2
+            nothing_dropped(store, keys)
     finally:
         for node in nodes:
             node.stop()
