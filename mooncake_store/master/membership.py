@@ -112,7 +112,8 @@ class Membership(ObjectColumns):
         replicas are kept, unknown blocks adopted, missing ones dropped.
 
         Raises:
-            IdentityConflictError: the node id or a segment id belongs to another live node.
+            IdentityConflictError: the node id belongs to another live node, or a segment id
+                to another mounted node.
         """
         known = self._nodes.get(node.node_id)
         if known is not None and known.info.incarnation == node.incarnation:
@@ -124,7 +125,7 @@ class Membership(ObjectColumns):
         dropped = TickResult()
         if known is not None:
             self._drop_node(node.node_id, dropped)
-        for info, _ in segments:  # a segment of a node no longer heard from: take it over
+        for info, _ in segments:  # defensive: no other mounted node owns one (checked above)
             if info.segment_id in self._segments:
                 self._drop_segment(info.segment_id, dropped)
         state = NodeState(node)
