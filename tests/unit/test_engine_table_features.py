@@ -112,3 +112,17 @@ def test_scan_keys_pages_through_committed_keys_in_bounded_slices(clock):
     assert len(seen) == len(set(seen))
     rows, _ = t.scan_keys(0, limit=100, prefix="a/2")
     assert sorted(k for k, _, _ in rows) == ["a/2", "a/20", "a/21", "a/22", "a/23", "a/24"]
+
+
+def test_contributed_node_gets_a_node_token_never_the_client_token(monkeypatch):
+    from mooncake_store.compat.segment import node_environment
+
+    monkeypatch.setenv("MOONCAKE_TOKEN", "client-token")
+    monkeypatch.setenv("MOONCAKE_TOKEN_FILE", "/client/file")
+    monkeypatch.delenv("MOONCAKE_NODE_TOKEN", raising=False)
+    monkeypatch.delenv("MOONCAKE_NODE_TOKEN_FILE", raising=False)
+    env = node_environment()
+    assert "MOONCAKE_TOKEN" not in env and "MOONCAKE_TOKEN_FILE" not in env  # local file then
+    monkeypatch.setenv("MOONCAKE_NODE_TOKEN", "node-token")
+    env = node_environment()
+    assert env["MOONCAKE_TOKEN"] == "node-token" and "MOONCAKE_TOKEN_FILE" not in env
