@@ -77,6 +77,10 @@ class MasterLink:
             self._beat_channel = self._open(address)
             self._beat_stub = pb_grpc.MasterServiceStub(self._beat_channel)
 
+    def set_token(self, token: str) -> None:
+        """Present `token` (the bearer part of the node token) from now on."""
+        self._metadata = [("authorization", f"Bearer {token}")]
+
     def mount(self, timeout_s: float, *, keep_mounted: bool = False) -> bool:
         """Mount the node's segments; False (and a log line) when the master is unreachable.
 

@@ -156,18 +156,7 @@ class StoreNode:
         self.port = self._data_server.sockets[0].getsockname()[1]
         self.node_id = cfg.node_id or f"{socket.gethostname()}:{self.port}"
         if self.token:
-            claims = parse_claims(self.token)
-            if claims.node_id not in (self.node_id, ANY_NODE):
-                raise InvalidArgumentError(
-                    f"the node token is bound to node id {claims.node_id!r}, but this node runs "
-                    f"as {self.node_id!r}: pass --node-id {claims.node_id}"
-                )
-            node_secret = node_secret_of(self.token)
-            self.secret = grant_key(node_secret, self.node_id, self.incarnation)
-            self.verifier = RequestVerifier(
-                control_key(node_secret, self.node_id, self.incarnation)
-            )
-            self.access.secret = self.secret
+            self._adopt_token(self.token)
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
         self._shm = ShmServer(
             self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes,
@@ -202,6 +191,8 @@ class StoreNode:
         self.metrics_url = url(cfg.host, self._metrics)
         token = bearer(self.token) if self.token else ""
         self._link = MasterLink(cfg.master, self._mount_request, tls=tls, token=token)
+        if self.token:  # found while the link built its first mount request
+            self._link.set_token(bearer(self.token))
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             refusal = self._link.refusal
             if refusal:
@@ -212,8 +203,49 @@ class StoreNode:
         self._tracker = loop.create_task(self._track_mount())
         return self.port
 
+    def _adopt_token(self, token: str) -> None:
+        """Take `token` as this node's credential: derive this incarnation's grant key (the
+        data path checks grants with it) and control key (Fetch/Move/Release must be signed
+        with it) from its node secret, and present its bearer part to the master.
+
+        Raises:
+            InvalidArgumentError: the token is bound to another node id.
+        """
+        claims = parse_claims(token)
+        if claims.node_id not in (self.node_id, ANY_NODE):
+            raise InvalidArgumentError(
+                f"the node token is bound to node id {claims.node_id!r}, but this node runs "
+                f"as {self.node_id!r}: pass --node-id {claims.node_id}"
+            )
+        node_secret = node_secret_of(token)
+        self.token = token
+        self.secret = grant_key(node_secret, self.node_id, self.incarnation)
+        self.verifier = RequestVerifier(control_key(node_secret, self.node_id, self.incarnation))
+        if self.access is not None:
+            self.access.secret = self.secret
+        if self.control is not None:
+            self.control.verifier = self.verifier
+        if self._link is not None:
+            self._link.set_token(bearer(token))
+
+    def _find_token(self) -> None:
+        """A node without a token that started before its master (on the master's host) looks
+        again, before each mount, for the node token the master's local token file holds."""
+        if self.token or self.config.token_file:
+            return
+        found = discover_token(self.config.master, Role.NODE)
+        if not found:
+            return
+        try:
+            self._adopt_token(found)
+        except (AccessDeniedError, InvalidArgumentError) as exc:
+            log.error("ignoring the node token found for %s: %s", self.config.master, exc)
+            return
+        log.info("found a node token for master %s", self.config.master)
+
     def _mount_request(self) -> pb.MountSegmentRequest:
         """What the node mounts: its DRAM segment, and its NVMe segment with the inventory."""
+        self._find_token()
         cfg = self.config
         segments = [pb.SegmentSpec(segment_id=self.segment_id, tier="DRAM",
                                    size_bytes=cfg.dram_bytes)]  # fmt: skip

@@ -104,9 +104,11 @@ def closed_by_peer(sock: socket.socket, timeout_s: float) -> bool:
 
 @pytest.mark.timeout(60)
 def test_framed_connections_are_bounded(tmp_path: Path) -> None:
+    # --auth off: the raw sockets below speak frames without an Authenticate first
+    # (tests/integration/test_security.py covers that refusal).
     config = MasterConfig(
         port=0, data_dir=str(tmp_path), max_calls_per_connection=2, max_connections=3,
-        idle_timeout_s=1.0,
+        idle_timeout_s=1.0, auth="off",
     )  # fmt: skip
     master = InProcessMaster(config)
     framed = master.server._framed
@@ -175,7 +177,7 @@ def test_a_client_that_does_not_read_its_replies_is_not_buffered_without_bound(
     """The issue's repro, scaled down: one client pipelines lookups and reads no reply.  The
     master stops reading that connection once its unsent replies pass the high-water mark,
     instead of queueing megabytes of replies; every reply arrives once the client reads."""
-    master = InProcessMaster(MasterConfig(port=0, data_dir=str(tmp_path)))
+    master = InProcessMaster(MasterConfig(port=0, data_dir=str(tmp_path), auth="off"))  # raw
     framed = master.server._framed
     assert framed is not None
     most = [0]  # the largest reply backlog seen on the connection, sampled in the loop
