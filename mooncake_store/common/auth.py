@@ -256,6 +256,13 @@ def control_key(node_secret: bytes, node_id: str, incarnation: int) -> bytes:
     return kdf(node_secret, "control", node_id, incarnation)
 
 
+def node_proof_key(node_secret: bytes, node_id: str, incarnation: int) -> bytes:
+    """The key that signs a node incarnation's own MountSegment, UnmountSegment and DrainNode:
+    proof that the caller holds the node secret, not only the bearer (which a process on the
+    master's port while it is down receives)."""
+    return kdf(node_secret, "node-proof", node_id, incarnation)
+
+
 def load_or_create_cluster_key(data_dir: str | os.PathLike[str]) -> bytes:
     """The cluster key under `data_dir`, created (0600, exclusively) if there is none yet."""
     path = Path(data_dir) / CLUSTER_KEY_FILE
@@ -323,10 +330,12 @@ class RequestVerifier:
     control key, stamped within SIGNATURE_WINDOW_S of the node's clock, and never seen before
     (a replayed request is refused)."""
 
-    def __init__(self, key: bytes, *, clock: object = time.time) -> None:
+    def __init__(
+        self, key: bytes, *, clock: object = time.time, seen: dict[bytes, float] | None = None
+    ) -> None:
         self.key = key
         self._clock = clock
-        self._seen: dict[bytes, float] = {}
+        self._seen: dict[bytes, float] = {} if seen is None else seen  # shareable replay memory
 
     def verify(self, method: str, body: bytes, signature: str) -> None:
         """Raises AccessDeniedError unless `signature` is the master's, fresh and unused."""
@@ -350,5 +359,6 @@ class RequestVerifier:
             raise AccessDeniedError(f"{method} request replayed")
         if len(self._seen) > 10_000:
             horizon = now - 2 * SIGNATURE_WINDOW_S
-            self._seen = {m: t for m, t in self._seen.items() if t > horizon}
+            for old in [m for m, t in self._seen.items() if t <= horizon]:
+                del self._seen[old]
         self._seen[mac] = now

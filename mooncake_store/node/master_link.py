@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.auth import SIGNATURE_METADATA, node_proof_key, sign_request
 from mooncake_store.common.errors import OK, IdentityConflictError, SegmentNotFoundError
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -36,6 +39,7 @@ class MasterLink:
         *,
         tls: TlsConfig = PLAINTEXT,
         token: str = "",
+        node_secret: bytes = b"",
     ) -> None:
         self.master = master
         # The bearer part of the node token (never its secret), sent with every call.
@@ -44,6 +48,10 @@ class MasterLink:
         first = build_mount()
         self.node_id = first.node_id
         self.incarnation = first.incarnation
+        # Signs mount, unmount and drain: the master checks that the caller holds the secret.
+        self._proof_key = (
+            node_proof_key(node_secret, self.node_id, self.incarnation) if node_secret else b""
+        )
         self._tls = tls
         self._channel = self._open(master)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
@@ -57,6 +65,15 @@ class MasterLink:
         self.mounted = threading.Event()
         self.refusal = ""  # the master's reason when it refused the last mount
         self.heartbeats = 0
+
+    def _signed(self, method: str, request: Message) -> list[tuple[str, str]] | None:
+        """The call metadata: the bearer, and the proof signature of `request` (a fresh one
+        each call: the master refuses a replayed signature)."""
+        if not self._proof_key or self._metadata is None:
+            return self._metadata
+        body = request.SerializeToString(deterministic=True)
+        signature = sign_request(self._proof_key, method, body, time.time())
+        return [*self._metadata, (SIGNATURE_METADATA, signature)]
 
     def _open(self, address: str) -> grpc.Channel:
         options = message_options(256 * 1024 * 1024)
@@ -77,9 +94,11 @@ class MasterLink:
             self._beat_channel = self._open(address)
             self._beat_stub = pb_grpc.MasterServiceStub(self._beat_channel)
 
-    def set_token(self, token: str) -> None:
-        """Present `token` (the bearer part of the node token) from now on."""
+    def set_token(self, token: str, node_secret: bytes) -> None:
+        """Present `token` (the bearer part of the node token) from now on, and sign mount,
+        unmount and drain with the proof key of `node_secret`."""
         self._metadata = [("authorization", f"Bearer {token}")]
+        self._proof_key = node_proof_key(node_secret, self.node_id, self.incarnation)
 
     def mount(self, timeout_s: float, *, keep_mounted: bool = False) -> bool:
         """Mount the node's segments; False (and a log line) when the master is unreachable.
@@ -89,7 +108,10 @@ class MasterLink:
         try:
             request = self._build_mount()
             reply = self._stub.MountSegment(
-                request, timeout=timeout_s, wait_for_ready=True, metadata=self._metadata
+                request,
+                timeout=timeout_s,
+                wait_for_ready=True,
+                metadata=self._signed("MountSegment", request),
             )
         except grpc.RpcError as exc:
             log.warning("cannot mount on master %s: %s: %s", self.master, exc.code().name,
@@ -143,7 +165,8 @@ class MasterLink:
     def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
         """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""
         request = pb.DrainNodeRequest(node_id=self.node_id, incarnation=self.incarnation)
-        return self._stub.DrainNode(request, timeout=timeout_s, metadata=self._metadata)  # type: ignore[no-any-return]
+        signed = self._signed("DrainNode", request)
+        return self._stub.DrainNode(request, timeout=timeout_s, metadata=signed)  # type: ignore[no-any-return]
 
     def stop(self, *, unmount: bool = True) -> None:
         """Stop heartbeating and (by default) unmount so the master drops this node at once."""
@@ -153,7 +176,8 @@ class MasterLink:
         if unmount and self.mounted.is_set():
             request = pb.UnmountSegmentRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
-                self._stub.UnmountSegment(request, timeout=2, metadata=self._metadata)
+                signed = self._signed("UnmountSegment", request)
+                self._stub.UnmountSegment(request, timeout=2, metadata=signed)
             except grpc.RpcError as exc:
                 log.warning("unmount from %s failed: %s", self.master, exc.code().name)
         if self._beat_channel is not None:

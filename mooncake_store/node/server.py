@@ -190,9 +190,12 @@ class StoreNode:
         self._metrics = await start_metrics(node_registry(self), cfg.host, cfg.metrics_port, "node")
         self.metrics_url = url(cfg.host, self._metrics)
         token = bearer(self.token) if self.token else ""
-        self._link = MasterLink(cfg.master, self._mount_request, tls=tls, token=token)
+        secret = node_secret_of(self.token) if self.token else b""
+        self._link = MasterLink(
+            cfg.master, self._mount_request, tls=tls, token=token, node_secret=secret
+        )
         if self.token:  # found while the link built its first mount request
-            self._link.set_token(bearer(self.token))
+            self._link.set_token(bearer(self.token), node_secret_of(self.token))
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
             refusal = self._link.refusal
             if refusal:
@@ -226,7 +229,7 @@ class StoreNode:
         if self.control is not None:
             self.control.verifier = self.verifier
         if self._link is not None:
-            self._link.set_token(bearer(token))
+            self._link.set_token(bearer(token), node_secret)
 
     def _find_token(self) -> None:
         """A node without a token that started before its master (on the master's host) looks

@@ -325,3 +325,58 @@ def test_framed_node_token_may_not_make_data_calls(secure: LocalCluster) -> None
         sock.sendall(_frame("BatchRemove", pb.KeysRequest(keys=["k"]).SerializeToString(), 2))
         length, call_id, status = struct.unpack("<IIH", sock.recv(HEADER.size, socket.MSG_WAITALL))
         assert (call_id, status) == (2, FrameStatus.PERMISSION_DENIED)
+
+
+def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
+    secure: LocalCluster, victim: Client
+) -> None:
+    """A process on the master's port while it is down receives a node's bearer (x1's probe:
+    with it alone it mounted as the node with a 1 TiB fake pool, received the victims' puts and
+    locked the real node out).  Mount, unmount and drain must be signed with the node secret."""
+    import time
+
+    from mooncake_store.common.auth import SIGNATURE_METADATA, node_proof_key, sign_request
+
+    victim.put("before-hijack", b"h" * 4096)
+    token = create_token(secure, "--role", "node", "--node-id", "hijack")
+    mount = pb.MountSegmentRequest(
+        node_id="hijack", incarnation=11, endpoint="127.0.0.1:1", control_endpoint="127.0.0.1:1",
+        segments=[pb.SegmentSpec(segment_id=0xB0B, tier="DRAM", size_bytes=1 << 40)],
+    )  # fmt: skip
+    key = node_proof_key(node_secret_of(token), "hijack", 11)
+
+    def signed(method: str, request: object, body: object = None) -> list[tuple[str, str]]:
+        data = (body or request).SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+        return [
+            *bearer_md(token),
+            (SIGNATURE_METADATA, sign_request(key, method, data, time.time())),
+        ]
+
+    unmount = pb.UnmountSegmentRequest(node_id="hijack", incarnation=11)
+    drain = pb.DrainNodeRequest(node_id="hijack", incarnation=11)
+    channel, master = stub(secure)
+    with channel:
+        reply = master.MountSegment(mount, timeout=5, metadata=bearer_md(token))
+        assert reply.status.code == AccessDeniedError.code
+        assert "signed with the node token's secret" in reply.status.message
+        # A signature of another request (the node's real endpoint) does not cover this one.
+        honest = pb.MountSegmentRequest(node_id="hijack", incarnation=11, endpoint="127.0.0.1:2")
+        reply = master.MountSegment(
+            mount, timeout=5, metadata=signed("MountSegment", mount, honest)
+        )
+        assert reply.status.code == AccessDeniedError.code
+        assert "hijack" not in {n.node_id for n in victim.list_nodes()}
+        # The holder of the secret mounts; its signature cannot be replayed.
+        md = signed("MountSegment", mount)
+        assert master.MountSegment(mount, timeout=5, metadata=md).status.code == 0
+        assert (
+            master.MountSegment(mount, timeout=5, metadata=md).status.code == AccessDeniedError.code
+        )
+        status = master.DrainNode(drain, timeout=5, metadata=bearer_md(token)).status
+        assert status.code == AccessDeniedError.code
+        assert master.UnmountSegment(unmount, timeout=5, metadata=bearer_md(token)).code != 0
+        assert "hijack" in {n.node_id for n in victim.list_nodes()}
+        md = signed("UnmountSegment", unmount)
+        assert master.UnmountSegment(unmount, timeout=5, metadata=md).code == 0
+    assert "hijack" not in {n.node_id for n in victim.list_nodes()}
+    still_works(victim, "before-hijack", b"h" * 4096)
