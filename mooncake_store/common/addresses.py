@@ -10,18 +10,27 @@ wildcard, and a daemon that would have to advertise a wildcard refuses to start.
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from mooncake_store.common.errors import InvalidArgumentError
 
 
 def is_wildcard(host: str) -> bool:
     """True for an address that means "every interface" (0.0.0.0, ::, the empty host)."""
+    host = host.strip().strip("[]")
     if not host:
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+        ip = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        # The resolver's other spellings of 0.0.0.0 ("0", "0.0", "0x0", "000.0.0.0"):
+        # getaddrinfo reads them with inet_aton, so they bind every interface too.
+        try:
+            return socket.inet_aton(host) == b"\0\0\0\0"
+        except OSError:
+            return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:0.0.0.0
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
 
 
 def advertised_host(host: str, advertise_host: str) -> str:

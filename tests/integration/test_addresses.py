@@ -25,13 +25,16 @@ def test_the_advertising_rule():
     assert advertised_host("127.0.0.1", "") == "127.0.0.1"
     assert advertised_host("0.0.0.0", "10.0.0.6") == "10.0.0.6"
     assert advertised_host("::", "node-6.example") == "node-6.example"
-    for wildcard in ("0.0.0.0", "::", "[::]", "", "0:0::0"):
+    # "0", "0.0", "0x0", "000.0.0.0" and ::ffff:0.0.0.0 bind every interface as well (x1 probe)
+    for wildcard in ("0.0.0.0", "::", "[::]", "", "0:0::0", "0", "0.0", "0x0",
+                     "000.000.000.000", "::ffff:0.0.0.0", " 0.0.0.0"):  # fmt: skip
         assert is_wildcard(wildcard)
         with pytest.raises(InvalidArgumentError, match="--advertise-host"):
             advertised_host(wildcard, "")
         with pytest.raises(InvalidArgumentError, match="--advertise-host"):
             advertised_host("127.0.0.1", wildcard or "::")
     assert not is_wildcard("localhost") and not is_wildcard("::1")
+    assert not any(map(is_wildcard, ("10.0.0.6", "0.example", "127.1", "0x7f000001")))
     assert join_host_port("::1", 5) == "[::1]:5" and join_host_port("a.b", 5) == "a.b:5"
     assert split_host_port("[::1]:5") == ("::1", 5)
     assert split_host_port("10.0.0.6:7") == ("10.0.0.6", 7)
