@@ -375,7 +375,9 @@ class BlockingFramedChannel:
         if _is_tls(self.sock):
             return False
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            poller = select.poll()  # not select(): it cannot watch a socket numbered >= 1024
+            poller.register(self.sock, select.POLLIN)
+            readable = poller.poll(0)
             return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True

@@ -8,6 +8,8 @@ nodes are not dropped while the master is frozen.
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import signal
 import threading
 import time
@@ -184,3 +186,28 @@ def test_a_connection_the_master_closed_while_idle_is_replaced_not_failed(tmp_pa
             assert store.counters["framed_calls"] > before  # on the framed endpoint again
             time.sleep(2.5)
             assert store.remove("idle-2") is True
+
+
+def test_a_sync_client_whose_sockets_are_numbered_above_1024_works(cluster, monkeypatch):
+    """A process with many files open (an inference engine) gets socket numbers above
+    FD_SETSIZE (1024), which select() cannot watch: x1's probe got "filedescriptor out of range
+    in select()" from every call after the first on such a client."""
+    monkeypatch.setattr(FramedEndpoint, "unix_socket", lambda self: None)  # the TCP socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1200
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"the hard limit on open files ({hard}) is below {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    fillers: list[int] = []
+    try:
+        while not fillers or fillers[-1] < 1100:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        with Client(cluster.master_address, local_shm=False) as store:
+            store.put("high-fd", b"h" * 100)
+            assert store.get("high-fd") == b"h" * 100
+            assert store.remove("high-fd") is True
+            assert store.counters["framed_calls"] >= 3
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
