@@ -128,3 +128,26 @@ def test_callers_of_a_tenant_name_only_their_own_stored_keys() -> None:
     for caller in (team, default):
         with pytest.raises(InvalidKeyError, match="NUL"):
             caller.internal("team-b\0k")
+
+
+def test_control_requests_need_a_fresh_unreplayed_master_signature() -> None:
+    from mooncake_store.common.auth import RequestVerifier, sign_request
+
+    clock = Clock()
+    key, body = b"c" * 32, b"release 1 [0]"
+    verifier = RequestVerifier(key, clock=clock)
+    first = sign_request(key, "Release", body, clock.now)
+    verifier.verify("Release", body, first)
+    verifier.verify("Release", body, sign_request(key, "Release", body, clock.now))  # same ms
+    with pytest.raises(AccessDeniedError, match="replayed"):
+        verifier.verify("Release", body, first)
+    for method, data, signature in (
+        ("Move", body, sign_request(key, "Release", body, clock.now)),  # another method
+        ("Release", body + b"!", sign_request(key, "Release", body, clock.now)),  # changed
+        ("Release", body, sign_request(b"x" * 32, "Release", body, clock.now)),  # another key
+        ("Release", body, ""),
+    ):
+        with pytest.raises(AccessDeniedError, match="signed by this node's master"):
+            verifier.verify(method, data, signature)
+    with pytest.raises(AccessDeniedError, match="clocks"):
+        verifier.verify("Release", body, sign_request(key, "Release", body, clock.now - 120))
