@@ -151,3 +151,21 @@ def test_control_requests_need_a_fresh_unreplayed_master_signature() -> None:
             verifier.verify(method, data, signature)
     with pytest.raises(AccessDeniedError, match="clocks"):
         verifier.verify("Release", body, sign_request(key, "Release", body, clock.now - 120))
+
+
+def test_auth_off_is_refused_with_a_non_loopback_bind(tmp_path: Path, monkeypatch) -> None:
+    from mooncake_store.master.config import MasterConfig
+    from mooncake_store.node.config import NodeConfig
+    from mooncake_store.node.server import resolve_node_token
+
+    assert MasterConfig(host="127.0.0.1", auth="off").auth == "off"
+    with pytest.raises(InvalidArgumentError, match="--auth off"):
+        MasterConfig(host="0.0.0.0", auth="off")
+    assert MasterConfig(host="0.0.0.0").auth == "on"  # the default
+    # A node on a non-loopback address without a token is refused at start, with what to do.
+    for var in ("MOONCAKE_TOKEN", "MOONCAKE_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MOONCAKE_TOKEN_DIR", str(tmp_path))  # no local token file there
+    with pytest.raises(InvalidArgumentError, match="needs a node token"):
+        resolve_node_token(NodeConfig(host="10.1.2.3", advertise_host="10.1.2.3"))
+    assert resolve_node_token(NodeConfig()) == ""  # loopback: a lab with --auth off
