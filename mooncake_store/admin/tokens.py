@@ -32,7 +32,11 @@ def token() -> None:
 @click.option(
     "--ttl", default="30d", show_default=True, help="Lifetime, e.g. 12h, 30d; 0 never expires."
 )
-@click.option("--node-id", default="", help="Node tokens: the --node-id the node runs with.")
+@click.option(
+    "--node-id",
+    default="",
+    help="Node tokens: the --node-id the node runs with ('*': any id) [default: none].",
+)
 @click.option(
     "--data-dir",
     default=MasterConfig.data_dir,
@@ -43,7 +47,8 @@ def token() -> None:
     "--master",
     default=None,
     help="Ask this running master (host:port) instead, with an admin token from "
-    "MOONCAKE_TOKEN(_FILE) or, on its host, its local token file.",
+    "MOONCAKE_TOKEN(_FILE) or, on its host, its local token file [default: none: use "
+    "--data-dir].",
 )
 def create(
     role: str, tenant: str, ttl: str, node_id: str, data_dir: str, master: str | None

@@ -17,8 +17,6 @@ def commands() -> list[tuple[str, click.Command]]:
     out = [("mooncake-master", master), ("mooncake-store", node), ("mooncake-cluster", cluster)]
     assert isinstance(admin, click.Group)
     for name, command in admin.commands.items():
-        if name == "token":  # s1's credentials group: not checked here yet
-            continue
         subs = command.commands.items() if isinstance(command, click.Group) else [("", command)]
         out += [(f"mooncake-admin {name} {sub}".strip(), c) for sub, c in subs]
     return out
