@@ -16,7 +16,10 @@ Bounds (issue 11), so one client cannot take the master's memory or its loop:
   server stops reading (and answering) that connection until the client catches up;
 - an idle connection (nothing in flight, nothing received for `idle_timeout_s`) is closed;
 - at most `max_connections` connections: one more is answered with a refusal frame (call id 0,
-  BAD_REQUEST, naming the cap) and closed, and the refusal is logged;
+  BAD_REQUEST, naming the cap) and closed, and the refusal is logged.  With authentication on,
+  connections that have not authenticated cannot hold the cap against clients that have: a
+  connection not authenticated within `auth_timeout_s` is closed, and at the cap a new
+  connection takes the place of the oldest one still unauthenticated;
 - a call refused as bad input (InvalidArgumentError, e.g. a batch over the cap) is answered
   BAD_REQUEST with its message, without a stack trace in the log.
 """
@@ -93,6 +96,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False  # reading stopped: too many calls in flight, or replies unread
         self.write_blocked = False  # the client does not read its replies fast enough
         self.active_s = time.monotonic()  # when a frame last came or a reply last went
+        self.opened_s = self.active_s
         # Who the connection speaks for; None until its Authenticate call succeeds.
         self.caller: Caller | None = None if server.access.enabled else TRUSTED
         self.allowed: frozenset[int] = (
@@ -102,6 +106,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         cap = self.server.max_connections
+        if len(self.server.connections) >= cap and self.server.drop_unauthenticated():
+            log.warning("framed connections at the cap (%s): closed the oldest one that had "
+                        "not authenticated to make room", cap)  # fmt: skip
         if len(self.server.connections) >= cap:
             message = (
                 f"the master serves at most {cap} framed connections (--max-connections); "
@@ -112,6 +119,16 @@ class _Connection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
             return
         self.server.connections.add(self)
+        if self.caller is None:
+            asyncio.get_running_loop().call_later(self.server.auth_timeout_s, self.auth_deadline)
+
+    def auth_deadline(self) -> None:
+        """Close the connection if it has not authenticated by now."""
+        if self.caller is None and self.transport is not None:
+            log.info("closing a framed connection that did not authenticate within %.0fs",
+                     self.server.auth_timeout_s)  # fmt: skip
+            self.server.connections.discard(self)
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -270,8 +287,10 @@ class FramedServer:
         idle_timeout_s: float = 600.0,
         max_connections: int = 4096,
         access: AccessControl | None = None,
+        auth_timeout_s: float = 10.0,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.auth_timeout_s = auth_timeout_s
         self.max_calls_per_connection = max_calls_per_connection
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
@@ -317,6 +336,16 @@ class FramedServer:
         if self.idle_timeout_s > 0:
             self._reaper = loop.create_task(self._close_idle())
         return port
+
+    def drop_unauthenticated(self) -> bool:
+        """Close the oldest connection that has not authenticated; False when there is none."""
+        strangers = [c for c in self.connections if c.caller is None and c.transport]
+        if not strangers:
+            return False
+        oldest = min(strangers, key=lambda c: c.opened_s)
+        self.connections.discard(oldest)
+        oldest.transport.close()  # type: ignore[union-attr]
+        return True
 
     async def _close_idle(self) -> None:
         """Close connections with nothing in flight and nothing received for the timeout."""

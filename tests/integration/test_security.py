@@ -380,3 +380,26 @@ def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
         assert master.UnmountSegment(unmount, timeout=5, metadata=md).code == 0
     assert "hijack" not in {n.node_id for n in victim.list_nodes()}
     still_works(victim, "before-hijack", b"h" * 4096)
+
+
+def test_unauthenticated_framed_connections_cannot_hold_the_connection_cap(
+    tmp_path: Path,
+) -> None:
+    """x1's probe: 25 raw connections that never authenticate took all 20 framed connections
+    (--max-connections) and every legitimate client was refused.  At the cap, a new connection
+    now takes the place of the oldest unauthenticated one."""
+    args = [*FAST_MASTER, "--max-connections", "4"]
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+        token = create_token(cluster, "--role", "client", "--tenant", "alpha")
+        channel, master = stub(cluster)
+        with channel:
+            port = master.Hello(pb.HelloRequest(), timeout=5, metadata=bearer_md(token)).framed_port
+        strangers = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
+        try:
+            with Client(cluster.master_address, token=token) as client:
+                client.put("after-flood", b"f" * 1000)
+                assert client.get("after-flood") == b"f" * 1000
+            assert strangers[0].recv(1) == b""  # the oldest stranger was closed to make room
+        finally:
+            for sock in strangers:
+                sock.close()
