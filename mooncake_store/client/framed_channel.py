@@ -370,10 +370,9 @@ class BlockingFramedChannel:
     def _closed_by_peer(self) -> bool:
         """True when the master closed this connection (an idle timeout, a restart) while it
         sat unused: sending on it would fail only after the request had gone out, and the call
-        could not be told apart from one the master received.  (Not checked under TLS, where
-        a readable socket may only hold a session ticket.)"""
+        could not be told apart from one the master received."""
         if _is_tls(self.sock):
-            return False
+            return self._tls_closed_by_peer()
         try:
             poller = select.poll()  # not select(): it cannot watch a socket numbered >= 1024
             poller.register(self.sock, select.POLLIN)
@@ -381,6 +380,29 @@ class BlockingFramedChannel:
             return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
+
+    def _tls_closed_by_peer(self) -> bool:
+        """`_closed_by_peer` under TLS, where a readable socket may hold only records with no
+        data for us (a session ticket): one non-blocking read tells them from a close."""
+        sock = self.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except OSError:
+            return True
+        if (not readable and not sock.pending()) or self._abandoned:
+            return False  # nothing arrived, or it may be a late reply: _read_frame takes it
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            sock.recv(1)
+        except ssl.SSLWantReadError:
+            return False  # TLS housekeeping only: the connection is open
+        except OSError:
+            return True
+        finally:
+            sock.settimeout(timeout)
+        return True  # closed (b"") or bytes nobody asked for: either way, start afresh
 
     def _read_frame(self) -> tuple[int, int, memoryview]:
         """The next reply frame: (call id, status, body, a view valid until the next read)."""

@@ -318,9 +318,17 @@ class FramedServer:
                 raise
             raise port_in_use("master's framed endpoint", f"{host}:{port}") from exc
         port = int(self._server.sockets[0].getsockname()[1])
-        if self.tls.serves and self.tls.ca and self.tls.require_client_cert:
-            # The unix socket would let a same-host process in without a client certificate.
-            return port
+        # With client certificates required, a unix socket would let a same-host process in
+        # without one: none is offered.
+        if not (self.tls.serves and self.tls.ca and self.tls.require_client_cert):
+            await self._start_unix(port)
+        if self.idle_timeout_s > 0:
+            self._reaper = loop.create_task(self._close_idle())
+        return port
+
+    async def _start_unix(self, port: int) -> None:
+        """Listen on the abstract unix socket `self.unix_name` too (same-host clients)."""
+        loop = asyncio.get_running_loop()
         # Built by hand: uvloop does not take abstract names as a path.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         name = f"mooncake-master-{os.getpid()}-{port}"
@@ -333,9 +341,6 @@ class FramedServer:
         except OSError as exc:  # the TCP endpoint is enough
             sock.close()
             log.warning("no unix framed endpoint (%s); clients use TCP", exc)
-        if self.idle_timeout_s > 0:
-            self._reaper = loop.create_task(self._close_idle())
-        return port
 
     def drop_unauthenticated(self) -> bool:
         """Close the oldest connection that has not authenticated; False when there is none."""
@@ -354,9 +359,13 @@ class FramedServer:
             quiet_since = time.monotonic() - self.idle_timeout_s
             for connection in list(self.connections):
                 idle = not connection.tasks and not connection.buffer
-                if idle and connection.active_s < quiet_since and connection.transport:
+                transport = connection.transport
+                # (A TLS transport stays open while it waits for the peer's close_notify.)
+                if idle and connection.active_s < quiet_since and transport is not None:
+                    if transport.is_closing():
+                        continue
                     log.info("closing a framed connection idle for %.0fs", self.idle_timeout_s)
-                    connection.transport.close()
+                    transport.close()
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, let calls in flight finish for up to `grace_s`, then close."""

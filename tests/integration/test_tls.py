@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import ssl
+import time
 
 import pytest
 
@@ -211,3 +212,20 @@ def test_admin_cli_reaches_a_tls_master_with_the_environment(tls_cluster, client
                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert {"node-0", "node-1"} <= {n["node_id"] for n in json.loads(out.stdout)}
+
+
+def test_a_tls_connection_the_master_closed_while_idle_is_replaced_not_failed(tmp_path, ca):
+    """As over plain TCP (test_client_retries): after the master's --idle-timeout closed the
+    sync client's framed TLS connection, a remove (not safe to repeat) goes out on a new one."""
+    client_tls = ca.config("idle-client")
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", client_options={"tls": client_tls},
+                      master_args=[*ca.daemon_args("idle-master"), "--idle-timeout", "1s"],
+                      node_args=ca.daemon_args("idle-node")) as cluster:  # fmt: skip
+        with Client(cluster.master_address, tls=client_tls) as store:
+            store.put("idle-1", b"x" * 100)
+            store.put("idle-2", b"y" * 100)
+            calls = store.counters["framed_calls"]
+            time.sleep(2.5)  # the master closes the idle connection meanwhile
+            assert store.remove("idle-1") is True
+            assert store.remove("idle-2") is True
+            assert store.counters["framed_calls"] == calls + 2  # both on the framed endpoint
