@@ -257,9 +257,9 @@ def control_key(node_secret: bytes, node_id: str, incarnation: int) -> bytes:
 
 
 def node_proof_key(node_secret: bytes, node_id: str, incarnation: int) -> bytes:
-    """The key that signs a node incarnation's own MountSegment, UnmountSegment and DrainNode:
-    proof that the caller holds the node secret, not only the bearer (which a process on the
-    master's port while it is down receives)."""
+    """The key that signs a node incarnation's own MountSegment, Heartbeat, UnmountSegment and
+    DrainNode: proof that the caller holds the node secret, not only the bearer (which a
+    process on the master's port while it is down receives)."""
     return kdf(node_secret, "node-proof", node_id, incarnation)
 
 
@@ -332,12 +332,10 @@ class RequestVerifier:
     control key, stamped within SIGNATURE_WINDOW_S of the node's clock, and never seen before
     (a replayed request is refused)."""
 
-    def __init__(
-        self, key: bytes, *, clock: object = time.time, seen: dict[bytes, float] | None = None
-    ) -> None:
+    def __init__(self, key: bytes, *, clock: object = time.time) -> None:
         self.key = key
         self._clock = clock
-        self._seen: dict[bytes, float] = {} if seen is None else seen  # shareable replay memory
+        self._seen: dict[bytes, float] = {}
 
     def verify(self, method: str, body: bytes, signature: str) -> None:
         """Raises AccessDeniedError unless `signature` is the master's, fresh and unused."""
@@ -362,6 +360,5 @@ class RequestVerifier:
             raise AccessDeniedError(f"{method} request replayed")
         if len(self._seen) > 10_000:
             horizon = now - 2 * SIGNATURE_WINDOW_S
-            for old in [m for m, t in self._seen.items() if t <= horizon]:
-                del self._seen[old]
+            self._seen = {m: t for m, t in self._seen.items() if t > horizon}
         self._seen[mac] = now

@@ -11,14 +11,20 @@ NUL), and the default tenant's keys as they are; `tenancy.py` applies that to ev
 
 from __future__ import annotations
 
+import threading
+
 import grpc
+from google.protobuf.message import Message
 
 from mooncake_store.common.auth import (
     ANY_NODE,
     HOW_TO_GET_A_TOKEN,
+    SIGNATURE_METADATA,
     Claims,
+    RequestVerifier,
     Role,
     TokenAuthority,
+    node_proof_key,
     validate_tenant,
 )
 from mooncake_store.common.errors import AccessDeniedError, InvalidArgumentError, InvalidKeyError
@@ -132,6 +138,9 @@ class AccessControl:
     def __init__(self, authority: TokenAuthority | None) -> None:
         self.authority = authority
         self.denied = 0
+        # (node id, incarnation, method) -> stamp (ms) of the last node proof accepted
+        self._proof_stamps: dict[tuple[str, int, str], int] = {}
+        self._proof_lock = threading.Lock()  # heartbeats are checked on the liveness threads
 
     @property
     def enabled(self) -> bool:
@@ -181,6 +190,43 @@ class AccessControl:
                 f"a {caller.role.value} token may not call {method}"
                 + ("; node tokens only mount and heartbeat" if caller.role is Role.NODE else "")
             )
+
+    def check_node_proof(
+        self, caller: Caller, method: str, request: Message, metadata: object
+    ) -> None:
+        """A node token's caller must also prove that it holds the token's node secret: its
+        MountSegment, Heartbeat, UnmountSegment and DrainNode are signed (`x-mooncake-signature`)
+        with the node incarnation's proof key, stamped within the signature window of this
+        clock and later than the last one accepted (a replay is refused).  The bearer alone,
+        which a process on the master's port while the master is down receives, does nothing.
+        Admins are exempt; so is everyone with authentication off.
+
+        Raises:
+            AccessDeniedError: no signature, a wrong or stale one, or a replay.
+        """
+        if self.authority is None or caller.role is not Role.NODE:
+            return
+        node_id, incarnation = request.node_id, request.incarnation  # type: ignore[attr-defined]
+        signature = _metadata_value(metadata, SIGNATURE_METADATA)
+        secret = self.authority.node_secret(caller.node_id, caller.token_id)
+        verifier = RequestVerifier(node_proof_key(secret, node_id, incarnation))
+        try:
+            verifier.verify(method, request.SerializeToString(deterministic=True), signature)
+        except AccessDeniedError as exc:
+            self.denied += 1
+            raise AccessDeniedError(
+                f"{method} of node {node_id!r} must be signed with the node token's secret "
+                f"(a store node does this; the bearer part alone is not enough): {exc.message}"
+            ) from None
+        stamp = int(signature.partition(".")[0])
+        slot = (node_id, incarnation, method)
+        with self._proof_lock:
+            if stamp <= self._proof_stamps.get(slot, -1):
+                self.denied += 1
+                raise AccessDeniedError(
+                    f"{method} of node {node_id!r} replayed (signed no later than the last one)"
+                )
+            self._proof_stamps[slot] = stamp
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

@@ -79,11 +79,13 @@ class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
     def Heartbeat(self, request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
         if self.access.enabled:  # only the node itself (its node token) may heartbeat for it
             try:
-                caller = self.access.from_metadata(context.invocation_metadata())  # type: ignore[attr-defined]
+                metadata = context.invocation_metadata()  # type: ignore[attr-defined]
+                caller = self.access.from_metadata(metadata)
                 if not caller.may_act_as_node(request.node_id):
                     raise AccessDeniedError(
                         f"a {caller.role.value} token may not heartbeat as node {request.node_id!r}"
                     )
+                self.access.check_node_proof(caller, "Heartbeat", request, metadata)
             except AccessDeniedError as refused:
                 status = pb.Status(code=refused.code, message=refused.message)
                 return pb.HeartbeatResponse(status=status)

@@ -19,14 +19,7 @@ from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.common.auth import (
-    SIGNATURE_METADATA,
-    RequestVerifier,
-    Role,
-    control_key,
-    grant_key,
-    node_proof_key,
-)
+from mooncake_store.common.auth import Role, control_key, grant_key
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.clock import expiry_ms
 from mooncake_store.common.errors import (
@@ -131,7 +124,6 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.access = access or AccessControl(None)
         #: Per node id: the key that signs the master's control requests to its incarnation.
         self.control_keys: dict[str, bytes] = {}
-        self._node_proofs: dict[bytes, float] = {}  # signatures of node calls seen (replays)
         self.table = table
         self.store = store
         self.config = config
@@ -614,34 +606,10 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return grant_key(secret, node_id, incarnation), control_key(secret, node_id, incarnation)
 
     def _check_node_proof(self, method: str, request: Message, context: object) -> None:
-        """A node token's caller must also prove it holds the token's node secret: the request
-        is signed with the node incarnation's proof key (`x-mooncake-signature`, fresh, never
-        replayed).  The bearer alone, which a process on the master's port while the master is
-        down receives, mounts, unmounts and drains nothing.  Admin callers are exempt.
-
-        Raises:
-            AccessDeniedError: no signature, a wrong or stale one, or a replay.
-        """
-        authority = self.access.authority
-        caller = self.access.caller(context)
-        if authority is None or caller.role is not Role.NODE:
-            return
-        signature = ""
-        for key, value in getattr(context, "invocation_metadata", lambda: ())() or ():
-            if key == SIGNATURE_METADATA:
-                signature = value if isinstance(value, str) else value.decode()
-        node_id, incarnation = request.node_id, request.incarnation  # type: ignore[attr-defined]
-        secret = authority.node_secret(caller.node_id, caller.token_id)
-        verifier = RequestVerifier(
-            node_proof_key(secret, node_id, incarnation), seen=self._node_proofs
-        )
-        try:
-            verifier.verify(method, request.SerializeToString(deterministic=True), signature)
-        except AccessDeniedError as exc:
-            raise AccessDeniedError(
-                f"{method} of node {node_id!r} must be signed with the node token's secret "
-                f"(a store node does this; the bearer part alone is not enough): {exc.message}"
-            ) from None
+        """Raises AccessDeniedError unless a node token's caller signed `request` with its node
+        secret (`AccessControl.check_node_proof`)."""
+        metadata = getattr(context, "invocation_metadata", lambda: ())()
+        self.access.check_node_proof(self.access.caller(context), method, request, metadata)
 
     def _check_node(self, node_id: str, context: object) -> None:
         caller = self.access.caller(context)
@@ -722,6 +690,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     ) -> pb.HeartbeatResponse:
         try:
             self._check_node(request.node_id, context)
+            self._check_node_proof("Heartbeat", request, context)
         except AccessDeniedError as refused:
             return pb.HeartbeatResponse(status=_status(refused))
         if self.table.heartbeat(request.node_id, request.incarnation):

@@ -48,10 +48,13 @@ class MasterLink:
         first = build_mount()
         self.node_id = first.node_id
         self.incarnation = first.incarnation
-        # Signs mount, unmount and drain: the master checks that the caller holds the secret.
+        # Signs mount, heartbeats, unmount and drain: the master checks that the caller holds
+        # the secret.
         self._proof_key = (
             node_proof_key(node_secret, self.node_id, self.incarnation) if node_secret else b""
         )
+        self._stamp_s = 0.0  # of the last signature
+        self._stamp_lock = threading.Lock()
         self._tls = tls
         self._channel = self._open(master)
         self._stub = pb_grpc.MasterServiceStub(self._channel)
@@ -72,7 +75,12 @@ class MasterLink:
         if not self._proof_key or self._metadata is None:
             return self._metadata
         body = request.SerializeToString(deterministic=True)
-        signature = sign_request(self._proof_key, method, body, time.time())
+        # Later than the last stamp, even after this host's clock stepped back: the master
+        # refuses a stamp no later than the last one it accepted (a replay).
+        with self._stamp_lock:
+            self._stamp_s = max(time.time(), self._stamp_s + 0.001)
+            stamp = self._stamp_s
+        signature = sign_request(self._proof_key, method, body, stamp)
         return [*self._metadata, (SIGNATURE_METADATA, signature)]
 
     def _open(self, address: str) -> grpc.Channel:
@@ -147,7 +155,9 @@ class MasterLink:
             request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
                 reply = self._beat_stub.Heartbeat(
-                    request, timeout=max(self.interval_s, 1.0), metadata=self._metadata
+                    request,
+                    timeout=max(self.interval_s, 1.0),
+                    metadata=self._signed("Heartbeat", request),
                 )
             except grpc.RpcError as exc:
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)

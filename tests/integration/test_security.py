@@ -332,7 +332,8 @@ def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
 ) -> None:
     """A process on the master's port while it is down receives a node's bearer (x1's probe:
     with it alone it mounted as the node with a 1 TiB fake pool, received the victims' puts and
-    locked the real node out).  Mount, unmount and drain must be signed with the node secret."""
+    locked the real node out).  Mount, heartbeat, unmount and drain must be signed with the node
+    secret."""
     import time
 
     from mooncake_store.common.auth import SIGNATURE_METADATA, node_proof_key, sign_request
@@ -372,6 +373,13 @@ def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
         assert (
             master.MountSegment(mount, timeout=5, metadata=md).status.code == AccessDeniedError.code
         )
+        # Heartbeats too: a captured bearer kept a killed node offered to writers for ever.
+        beat = pb.HeartbeatRequest(node_id="hijack", incarnation=11)
+        status = master.Heartbeat(beat, timeout=5, metadata=bearer_md(token)).status
+        assert status.code == AccessDeniedError.code
+        md = signed("Heartbeat", beat)
+        assert master.Heartbeat(beat, timeout=5, metadata=md).status.code == 0
+        assert master.Heartbeat(beat, timeout=5, metadata=md).status.code == AccessDeniedError.code
         status = master.DrainNode(drain, timeout=5, metadata=bearer_md(token)).status
         assert status.code == AccessDeniedError.code
         assert master.UnmountSegment(unmount, timeout=5, metadata=bearer_md(token)).code != 0
