@@ -243,3 +243,18 @@ def test_contributed_memory_lives_and_ends_with_the_client(cluster, store):
     assert store.is_exist("c/mine") == 1
     assert {d.node_id for d in store.get_replica_desc("c/mine")} <= before
     assert owner.put("c/after", b"x") == -600  # closed: as before setup
+
+
+def test_setup_forms_and_failures(cluster):
+    by_dict = MooncakeDistributedStore()
+    config = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+              "global_segment_size": "0", "local_buffer_size": "16MB", "protocol": "tcp",
+              "master_server_address": cluster.master_address}  # fmt: skip
+    assert by_dict.setup(config) == 0
+    assert by_dict.put("c/dict", b"d") == 0 and by_dict.get("c/dict") == b"d"
+    assert by_dict.close() == 0
+    dummy = MooncakeDistributedStore()  # SGLang's standalone mode: the address is the master's
+    assert dummy.setup_dummy(0, 16 * MiB, cluster.master_address) == 0
+    assert dummy.get("c/dict") == b"d" and dummy.get_hostname() == ""
+    assert dummy.close() == 0
+    assert MooncakeDistributedStore().setup("h", "", "lots", 0) == INVALID  # a bad size
