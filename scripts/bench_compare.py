@@ -276,6 +276,9 @@ def main() -> None:
                                      args.total_mib, args.max_seconds, tmp)  # fmt: skip
                     print(f"run {run + 1}/{args.runs}, size {size}: done "
                           f"({time.time() - started:.0f} s)", flush=True)  # fmt: skip
+                    partial = Path(args.json).with_suffix(".partial.json")
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    partial.write_text(json.dumps(records, indent=2))  # a cut run keeps these
     for r in records:
         r.setdefault("threads", 1)
     records = medians(records)
