@@ -196,20 +196,29 @@ class AccessControl:
     ) -> None:
         """A node token's caller must also prove that it holds the token's node secret: its
         MountSegment, Heartbeat, UnmountSegment and DrainNode are signed (`x-mooncake-signature`)
-        with the node incarnation's proof key, stamped within the signature window of this
-        clock and later than the last one accepted (a replay is refused).  The bearer alone,
-        which a process on the master's port while the master is down receives, does nothing.
-        Admins are exempt; so is everyone with authentication off.
+        with the node incarnation's proof key, each stamp later than the last one accepted for
+        that node incarnation and method (a replay is refused).  The stamps are the node's
+        clock and are not compared with this one: a wall-clock step on either host must not
+        refuse heartbeats (it would drop every node).  The bearer alone, which a process on the
+        master's port while the master is down receives, does nothing.  Admins are exempt; so
+        is everyone with authentication off.
 
         Raises:
-            AccessDeniedError: no signature, a wrong or stale one, or a replay.
+            AccessDeniedError: no signature, a wrong one, or a replay.
         """
         if self.authority is None or caller.role is not Role.NODE:
             return
         node_id, incarnation = request.node_id, request.incarnation  # type: ignore[attr-defined]
         signature = _metadata_value(metadata, SIGNATURE_METADATA)
         secret = self.authority.node_secret(caller.node_id, caller.token_id)
-        verifier = RequestVerifier(node_proof_key(secret, node_id, incarnation))
+        try:
+            stamp = int(signature.partition(".")[0])
+        except ValueError:
+            stamp = -1
+        # Checked at the signature's own stamp: only the MAC counts here (see above).
+        verifier = RequestVerifier(
+            node_proof_key(secret, node_id, incarnation), clock=lambda: stamp / 1000
+        )
         try:
             verifier.verify(method, request.SerializeToString(deterministic=True), signature)
         except AccessDeniedError as exc:
@@ -218,7 +227,6 @@ class AccessControl:
                 f"{method} of node {node_id!r} must be signed with the node token's secret "
                 f"(a store node does this; the bearer part alone is not enough): {exc.message}"
             ) from None
-        stamp = int(signature.partition(".")[0])
         slot = (node_id, incarnation, method)
         with self._proof_lock:
             if stamp <= self._proof_stamps.get(slot, -1):

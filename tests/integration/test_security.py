@@ -346,12 +346,12 @@ def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
     )  # fmt: skip
     key = node_proof_key(node_secret_of(token), "hijack", 11)
 
-    def signed(method: str, request: object, body: object = None) -> list[tuple[str, str]]:
+    def signed(
+        method: str, request: object, body: object = None, skew_s: float = 0.0
+    ) -> list[tuple[str, str]]:
         data = (body or request).SerializeToString(deterministic=True)  # type: ignore[attr-defined]
-        return [
-            *bearer_md(token),
-            (SIGNATURE_METADATA, sign_request(key, method, data, time.time())),
-        ]
+        stamp = sign_request(key, method, data, time.time() + skew_s)
+        return [*bearer_md(token), (SIGNATURE_METADATA, stamp)]
 
     unmount = pb.UnmountSegmentRequest(node_id="hijack", incarnation=11)
     drain = pb.DrainNodeRequest(node_id="hijack", incarnation=11)
@@ -380,6 +380,10 @@ def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
         md = signed("Heartbeat", beat)
         assert master.Heartbeat(beat, timeout=5, metadata=md).status.code == 0
         assert master.Heartbeat(beat, timeout=5, metadata=md).status.code == AccessDeniedError.code
+        # The node's clock a day ahead (a step): its heartbeats still count (x1's probe: a
+        # master clock step past a signature window dropped every node and deleted every object).
+        md = signed("Heartbeat", beat, skew_s=86400)
+        assert master.Heartbeat(beat, timeout=5, metadata=md).status.code == 0
         status = master.DrainNode(drain, timeout=5, metadata=bearer_md(token)).status
         assert status.code == AccessDeniedError.code
         assert master.UnmountSegment(unmount, timeout=5, metadata=bearer_md(token)).code != 0
