@@ -15,6 +15,7 @@ def test_public_surface_is_pinned_and_sorted():
         "ClusterStats",
         "DataPathError",
         "GrantExpiredError",
+        "IdentityConflictError",
         "IdentityMismatchError",
         "InvalidArgumentError",
         "InvalidKeyError",
@@ -25,6 +26,7 @@ def test_public_surface_is_pinned_and_sorted():
         "NoSpaceError",
         "NodeStatus",
         "ObjectBusyError",
+        "ObjectConflictError",
         "ObjectHasLeaseError",
         "ObjectNotFoundError",
         "PrefixRead",
@@ -38,6 +40,19 @@ def test_public_surface_is_pinned_and_sorted():
     ]
     for name in mooncake_store.__all__:
         assert hasattr(mooncake_store, name)
+
+
+def test_every_error_class_is_importable_from_the_package():
+    # The README tells users to catch these by name (`from mooncake_store import
+    # ObjectConflictError`); an error class missing from the package is a trap.
+    error_classes = {
+        name
+        for name, c in vars(errors).items()
+        if isinstance(c, type) and issubclass(c, errors.MooncakeError)
+    }
+    assert error_classes - set(mooncake_store.__all__) == set()
+    for name in error_classes:
+        assert getattr(mooncake_store, name) is getattr(errors, name)
 
 
 def test_codes_are_unique_and_round_trip():
