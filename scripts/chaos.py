@@ -35,6 +35,7 @@ read back and compared.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -385,6 +386,7 @@ def main() -> None:
     parser.add_argument("--faults", default=",".join(KINDS), help="kinds to inject (comma list)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--keep", help="run in this directory and keep it (logs, RocksDB)")
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes must be >= 2: blocks are written with two replicas")
@@ -397,7 +399,14 @@ def main() -> None:
 
     pool = pool_bytes(args.clients, args.max_puts, args.nodes)
     report: dict = {}
-    with tempfile.TemporaryDirectory(prefix="mooncake-chaos-") as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    place = (
+        contextlib.nullcontext(args.keep)
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="mooncake-chaos-")
+    )
+    with place as tmp:
         with ChaosCluster(tmp, libfaketime=find_libfaketime(), nodes=args.nodes,
                           dram=f"{pool >> 20}MiB", master_args=MASTER_ARGS) as cluster:  # fmt: skip
             chaos = Chaos(cluster, random.Random(args.seed), args.fault_interval, kinds)
