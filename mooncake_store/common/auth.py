@@ -175,7 +175,7 @@ class TokenAuthority:
 
     def _verify_signature(self, token: str) -> Claims:
         parts = bearer(token).split(".")
-        if len(parts) != 3 or parts[0] != TOKEN_VERSION:
+        if len(parts) != 3 or parts[0] != TOKEN_VERSION or not token.isascii():
             raise AccessDeniedError(f"malformed token (not a {TOKEN_VERSION} token); "
                                     f"{HOW_TO_GET_A_TOKEN}")  # fmt: skip
         signed = f"{parts[0]}.{parts[1]}"
