@@ -30,7 +30,10 @@ def token() -> None:
     help="Key namespace of the holder (clients of other tenants never see its keys).",
 )
 @click.option(
-    "--ttl", default="30d", show_default=True, help="Lifetime, e.g. 12h, 30d; 0 never expires."
+    "--ttl",
+    default=None,
+    help="Lifetime, e.g. 12h, 30d; 0 never expires  [default: 30d; node tokens: 0, since a "
+    "node whose token expired is dropped with the blocks only it holds].",
 )
 @click.option(
     "--node-id",
@@ -51,14 +54,14 @@ def token() -> None:
     "--data-dir].",
 )
 def create(
-    role: str, tenant: str, ttl: str, node_id: str, data_dir: str, master: str | None
+    role: str, tenant: str, ttl: str | None, node_id: str, data_dir: str, master: str | None
 ) -> None:
     """Print a new signed token (keep it secret: it is the holder's credential).
 
     Example: mooncake-admin token create --role client --tenant team-a --ttl 30d
     """
     try:
-        ttl_s = parse_duration(ttl)
+        ttl_s = parse_duration(ttl if ttl is not None else "0" if role == "node" else "30d")
         if master:
             click.echo(_remote(master, role, tenant, ttl_s, node_id))
             return

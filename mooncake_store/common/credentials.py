@@ -49,7 +49,10 @@ def write_local_tokens(authority: TokenAuthority, host: str, port: int, data_dir
         "master": f"{host}:{port}",
         "data_dir": str(Path(data_dir).resolve()),
         "client": authority.issue(Role.CLIENT, "default", ttl_s=LOCAL_TOKEN_TTL_S),
-        "node": authority.issue(Role.NODE, "default", ttl_s=LOCAL_TOKEN_TTL_S, node_id=ANY_NODE),
+        # Never expires: a node whose token expired is refused its heartbeats, dropped, and
+        # every object only it held is deleted.  The file is rewritten (new token ids) at every
+        # master start and deleted at stop.
+        "node": authority.issue(Role.NODE, "default", ttl_s=0, node_id=ANY_NODE),
         "admin": authority.issue(Role.ADMIN, "default", ttl_s=LOCAL_TOKEN_TTL_S),
     }
     path = local_token_path(port)

@@ -24,7 +24,12 @@ from google.protobuf.message import Message
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.auth import SIGNATURE_METADATA, node_proof_key, sign_request
-from mooncake_store.common.errors import OK, IdentityConflictError, SegmentNotFoundError
+from mooncake_store.common.errors import (
+    OK,
+    AccessDeniedError,
+    IdentityConflictError,
+    SegmentNotFoundError,
+)
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
@@ -68,6 +73,7 @@ class MasterLink:
         self.mounted = threading.Event()
         self.refusal = ""  # the master's reason when it refused the last mount
         self.heartbeats = 0
+        self._beat_refused = False  # the last heartbeat was refused (AccessDeniedError)
 
     def _signed(self, method: str, request: Message) -> list[tuple[str, str]] | None:
         """The call metadata: the bearer, and the proof signature of `request` (a fresh one
@@ -168,6 +174,11 @@ class MasterLink:
                     self.mount(timeout_s=max(self.interval_s, 1.0), keep_mounted=True)
                 continue
             self.heartbeats += 1
+            refused = reply.status.code == AccessDeniedError.code
+            if refused and not self._beat_refused:  # the master will drop this node: say so
+                log.error("master %s refuses this node's heartbeats: %s", self.master,
+                          reply.status.message)  # fmt: skip
+            self._beat_refused = refused
             if reply.status.code == SegmentNotFoundError.code:
                 log.warning("master %s forgot this node; mounting again", self.master)
                 self.mount(timeout_s=max(self.interval_s, 1.0))

@@ -275,6 +275,10 @@ def test_local_token_file_is_private_and_cluster_key_0600(secure: LocalCluster) 
     path = local_token_path(secure.master_port)
     assert path.stat().st_mode & 0o777 == 0o600
     assert (secure.data_dir / "cluster.key").stat().st_mode & 0o777 == 0o600
+    # Its node token never expires: an expired one gets every local node dropped with its blocks.
+    import json
+
+    assert parse_claims(json.loads(path.read_text())["node"]).expires_s == 0
 
 
 def test_admin_creates_tokens_remotely_and_clients_cannot(secure: LocalCluster) -> None:

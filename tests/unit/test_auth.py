@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,14 @@ def test_admin_token_create_prints_a_token_the_master_key_verifies(tmp_path: Pat
     assert result.exit_code == 0, result.output
     claims = TokenAuthority(key).verify(result.output.strip())
     assert (claims.role, claims.tenant) == (Role.CLIENT, "t1")
+    # Without --ttl: clients 30 days; nodes never expire (an expired node token gets the node
+    # dropped with every block only it held: x1's probe, a clock 31 days on emptied the cluster)
+    for role, extra, lives in (("client", [], 30 * 86400), ("node", ["--node-id", "n"], 0)):
+        made = runner.invoke(admin, ["token", "create", "--role", role, *extra,
+                                     "--data-dir", str(tmp_path)])  # fmt: skip
+        assert made.exit_code == 0, made.output
+        expires = TokenAuthority(key).verify(made.output.strip()).expires_s
+        assert (expires - int(time.time()) if lives else expires) == pytest.approx(lives, abs=5)
     missing = runner.invoke(admin, ["token", "create", "--role", "client",
                                     "--data-dir", str(tmp_path / "none")])  # fmt: skip
     assert missing.exit_code == 2 and "no cluster key" in missing.output
