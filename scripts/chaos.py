@@ -203,8 +203,10 @@ class Chaos:
         self.skipped: dict[str, str] = {}
         self.stop = threading.Event()
         self.log: list[str] = []
-        self.evictions = 0  # summed over the master's lifetimes (its counters restart with it)
-        self._evictions_now = 0
+        # The master's counters summed over its lifetimes (they restart with it): evictions tell
+        # eviction from loss; objects_corrupt, puts_revoked, replicas_dropped help explain one.
+        self.totals: Counter[str] = Counter()
+        self._counters_now: dict[str, int] = {}
         self.duplicates_refused = self.duplicates_accepted = 0
         self.kinds = list(kinds)
         if "drop_connections" in self.kinds and shutil.which("ss") is None:
@@ -232,7 +234,7 @@ class Chaos:
                 counters = store.stats().counters
         except Exception:  # the master may be restarting
             return None
-        self._evictions_now = int(counters.get("evictions", 0))
+        self._counters_now = dict(counters)
         return counters
 
     def healthy(self) -> bool:
@@ -243,7 +245,7 @@ class Chaos:
                 counters = store.stats().counters
         except Exception:  # the master may be restarting
             return False
-        self._evictions_now = int(counters.get("evictions", 0))
+        self._counters_now = dict(counters)
         return len(nodes) == len(self.cluster.nodes) and counters.get("under_replicated", 1) == 0
 
     def wait_healthy(self, timeout_s: float) -> bool:
@@ -297,8 +299,8 @@ class Chaos:
 
     def kill_master(self) -> None:
         self.sample()  # its eviction count dies with it: keep the last one seen
-        self.evictions += self._evictions_now
-        self._evictions_now = 0
+        self.totals.update(self._counters_now)
+        self._counters_now = {}
         self.note("kill -9 master")
         self.cluster.master.signal(signal.SIGKILL)  # type: ignore[union-attr]
         self.cluster.master.proc.wait()  # type: ignore[union-attr]
@@ -449,7 +451,8 @@ def main() -> None:
                     if data != content(key, size_of(key)):
                         wrong += 1
                 counters = store.stats().counters
-            evictions = chaos.evictions + int(counters.get("evictions", 0))
+            chaos.totals.update(counters)
+            evictions = int(chaos.totals.get("evictions", 0))
             errors: Counter[str] = Counter()
             for r in results:
                 errors.update(r["errors"])
@@ -475,10 +478,11 @@ def main() -> None:
                 "duplicate_node_ids_accepted": chaos.duplicates_accepted,
                 "errors": dict(errors),
                 "settled": settled,
-                "repairs": counters.get("repairs", 0),
+                "repairs": counters.get("repairs", 0),  # the last master lifetime's
+                "master_counters": dict(chaos.totals),
                 "fault_log": chaos.log,
             }  # fmt: skip
-    summary = {k: v for k, v in report.items() if k != "fault_log"}
+    summary = {k: v for k, v in report.items() if k not in ("fault_log", "master_counters")}
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
