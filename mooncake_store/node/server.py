@@ -411,14 +411,21 @@ async def serve(config: NodeConfig) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await node.wait_mounted()
+    stopped = loop.create_task(stop.wait())
+    mounted = loop.create_task(node.wait_mounted())
+    await asyncio.wait([stopped, mounted], return_when="FIRST_COMPLETED")
+    if not mounted.done():  # SIGTERM/SIGINT while still waiting for the master: nothing to drain
+        mounted.cancel()
+        log.info("stopped before mounting on master %s", config.master)
+        await node.stop(unmount=False)
+        return
     print(
         f"mooncake-store node {node.node_id} serving {node.description}, master {config.master}"
         f"{node.metrics_url}",
         flush=True,
     )
     refused = loop.create_task(node.refused.wait())
-    await asyncio.wait([loop.create_task(stop.wait()), refused], return_when="FIRST_COMPLETED")
+    await asyncio.wait([stopped, refused], return_when="FIRST_COMPLETED")
     if refused.done():  # another live node holds this node's id (after a master restart)
         await node.stop(unmount=False)
         raise StartupError(f"master {config.master} refused this node: {node.conflict}")

@@ -107,3 +107,32 @@ def test_node_says_serving_only_once_mounted(tmp_path):
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_node_waiting_for_its_master_stops_on_sigterm(tmp_path):
+    """A node that never mounted (its master unreachable) ends on SIGTERM instead of retrying
+    the mount forever."""
+    import signal
+    import socket
+
+    from tests.conftest import wait_until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "node.log"
+    node = subprocess.Popen(
+        [str(BIN / "mooncake-store"), "--master", f"127.0.0.1:{port}", "--dram", "8MiB",
+         "--node-id", "lonely", "--mount-timeout", "0.5s"],
+        stdout=subprocess.DEVNULL, stderr=open(log, "wb"), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: "not serving yet: waiting to mount" in log.read_text(),
+                   what="the node to say it waits for the master")  # fmt: skip
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=30) == 0, log.read_text()
+        assert "stopped before mounting" in log.read_text()
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
