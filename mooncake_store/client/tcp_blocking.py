@@ -157,7 +157,7 @@ class BlockingNodeConnections:
                     results[i] = failure
             broken: MooncakeError | None = failure
             for n, (_, _, items) in enumerate(requests[:sent]):
-                loc, op, _ = transfers[items[0]]
+                loc = transfers[items[0]][0]
                 read_items = [i for i in items if transfers[i][1] is not Op.WRITE]
                 reads, fed_reads = flatten(
                     [transfers[i][2] for i in read_items], [fed[i] for i in read_items]
@@ -174,15 +174,9 @@ class BlockingNodeConnections:
                     if refused is not None:
                         one_by_one += items
                     continue
+                # A refusal (a WRITE's too: the node discards its payload) leaves the stream in
+                # step, so the replies behind it are read as usual.
                 results[items[0]] = refused
-                if refused is not None and op is Op.WRITE:
-                    # A refused WRITE makes the node hang up: the rest of this node's transfers
-                    # are not done (the caller fails them over or revokes them).
-                    broken = DataPathError(f"connection to {endpoint} lost mid-batch")
-                    for _, _, rest in requests[n + 1 : sent]:
-                        for j in rest:
-                            results[j] = broken
-                    break
             if broken is not None:
                 self._drop(endpoint)
         if one_by_one:

@@ -6,8 +6,10 @@ Response: header (16 bytes) | payload (READ: `size_bytes` bytes; error: a UTF-8 
     status i32 | reserved u32 | size_bytes u64
 
 `offset` is relative to the node's segment and must lie inside the grant.  A connection answers
-its requests in order (a client may pipeline them); after an error the node answers and, for a
-WRITE whose payload it did not consume, closes the connection.
+its requests in order (a client may pipeline them); after an error the node answers and goes on
+serving the connection: a refused WRITE's payload is read and discarded (the client sends it in
+full, as always).  The node closes the connection only after a malformed header, or a refused
+WRITE whose size_bytes is over MAX_DRAIN_BYTES (it would not read that much to stay in step).
 
 READV reads many DRAM extents in one request: its header has grant_len 0, offset 0 and
 size_bytes = the number of entries, followed by the entries, each
@@ -45,6 +47,9 @@ MAX_READV_ENTRIES = 4096
 # An error reply's message is at most this long; a reader takes no more of a longer one (it
 # came from a broken or hostile peer) and drops the connection.
 MAX_ERROR_BYTES = 64 * 1024
+# The largest refused WRITE payload a node reads and discards to keep the connection in step;
+# it hangs up on a refused WRITE announcing more (a hostile or garbled length).
+MAX_DRAIN_BYTES = 1 << 32
 
 
 def pack_request(op: Op, grant: bytes, offset: int, size_bytes: int) -> bytes:

@@ -26,6 +26,7 @@ from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, G
 from mooncake_store.common.grant import GRANT_BYTES, GrantMode, WriteFence, verify_grant
 from mooncake_store.common.wire import (
     MAGIC,
+    MAX_DRAIN_BYTES,
     MAX_READV_ENTRIES,
     READV_ENTRY,
     REQUEST,
@@ -38,6 +39,9 @@ from mooncake_store.node.nvme import NvmeTier, aligned
 log = logging.getLogger("mooncake.node")
 
 _MAX_GRANT_BYTES = 256
+# Where the payload of a refused WRITE is read and discarded (shared: its bytes are never read,
+# and the event loop fills one connection's buffer at a time).
+_SCRATCH = memoryview(bytearray(64 * 1024))
 
 
 class DataAccess:
@@ -114,6 +118,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._offset = 0
         self._size = 0
         self._grant_len = 0
+        self._drain_left = 0  # payload bytes of a refused WRITE still to discard
         self._staging: tuple[NvmeTier | GpuTier, mmap.mmap] | None = None  # last staged reply
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -162,6 +167,16 @@ class _Connection(asyncio.BufferedProtocol):
             self.access.write_bytes += len(self._target)
             self._reply(OK, b"")
             self._expect("header", memoryview(self._header))
+        elif self._stage == "drain":
+            self._drain_left -= len(self._target)
+            self._drain()
+
+    def _drain(self) -> None:
+        """Discard the next piece of a refused WRITE's payload, or go on to the next request."""
+        if self._drain_left == 0:
+            self._expect("header", memoryview(self._header))
+        else:
+            self._expect("drain", _SCRATCH[: min(self._drain_left, len(_SCRATCH))])
 
     def _dispatch(self) -> None:
         grant = bytes(self._grant[: self._grant_len])
@@ -261,11 +276,19 @@ class _Connection(asyncio.BufferedProtocol):
             self.transport.write(pack_response(status, len(message)) + message)
 
     def _fail(self, exc: DataPathError) -> None:
-        # A refused WRITE leaves its payload unread on the socket: answer, then close.
+        """Answer a refusal.  The connection goes on serving: a refused WRITE's payload (at
+        most MAX_DRAIN_BYTES) is read and discarded first, so the client, still sending it,
+        reads the refusal rather than a reset.  Only a malformed header, or a refused WRITE
+        announcing more than MAX_DRAIN_BYTES, makes the node hang up after answering."""
         self._reply(exc.code, exc.message.encode())
-        if self._op is Op.WRITE or self._stage == "header":
+        if self._stage == "header" or (
+            self._op is Op.WRITE and self._stage == "grant" and self._size > MAX_DRAIN_BYTES
+        ):
             if self.transport is not None:
                 self.transport.close()
+        elif self._op is Op.WRITE and self._stage == "grant":
+            self._drain_left = self._size
+            self._drain()
         else:
             self._expect("header", memoryview(self._header))
 

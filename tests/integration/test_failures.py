@@ -163,6 +163,54 @@ def test_tcp_client_maps_node_errors_to_access_denied(cluster3):
         asyncio.run(read())
 
 
+def test_refused_tcp_writes_raise_their_refusal_not_a_reset(cluster3):
+    """A refused WRITE whose payload is far larger than the socket buffers: the node reads and
+    discards the payload, so both SDK transports raise the refusal itself (AccessDeniedError,
+    GrantExpiredError), never a reset connection, and the node goes on serving."""
+    from mooncake_store.client.transport import BlockingNodeConnections
+
+    size = 8 << 20
+    value = os.urandom(size)
+    with Client(cluster3.master_address) as store:
+        store.put("refused-write", value)
+    loc = replica_list(cluster3.master_address, "refused-write").replicas[0]
+    payload = memoryview(os.urandom(size))
+    wloc = put_start(cluster3.master_address, "refused-expired", size).replicas[0]
+
+    def sync_write(target: ReplicaLocation) -> None:
+        nodes = BlockingNodeConnections(timeout_s=5)
+        try:
+            nodes.exchange(target, Op.WRITE, payload)
+        finally:
+            nodes.close()
+
+    async def async_write(target: ReplicaLocation) -> None:
+        pool = TcpPool(timeout_s=5)
+        try:
+            await pool.exchange(target, Op.WRITE, payload)
+        finally:
+            pool.close()
+
+    for _ in range(3):  # a reset would show up as DataPathError in some of them
+        with pytest.raises(AccessDeniedError, match="outside the granted extent"):
+            sync_write(loc)  # a read grant does not allow writing
+        with pytest.raises(AccessDeniedError, match="outside the granted extent"):
+            asyncio.run(async_write(loc))
+
+    def write_refused_as_expired() -> bool:
+        try:
+            sync_write(wloc)
+        except GrantExpiredError:
+            return True
+        return False  # still within the put window: the write landed
+
+    wait_until(write_refused_as_expired, timeout_s=5, what="the write grant to expire")
+    with pytest.raises(GrantExpiredError):
+        asyncio.run(async_write(wloc))
+    with Client(cluster3.master_address) as store:  # nothing of the refused writes landed
+        assert store.get("refused-write") == value
+
+
 def test_master_restart_keeps_committed_blocks(cluster3):
     values = {f"durable/{i}": os.urandom(50_000 + i) for i in range(40)}
     with Client(cluster3.master_address) as store:
@@ -305,9 +353,9 @@ def test_read_whose_grant_expired_asks_the_master_again(tmp_path, client):
 
 
 def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
-    """A batch pipelined on one node socket: a refused read leaves the rest served; a refused
-    write makes the node hang up, and the writes behind it fail (to be revoked or retried),
-    never land silently."""
+    """A batch pipelined on one node socket: a refused read or write is answered with its
+    refusal and leaves the rest served (the node discards a refused write's payload and keeps
+    the connection)."""
     from dataclasses import replace
 
     from mooncake_store.client.transport import BlockingNodeConnections
@@ -338,15 +386,14 @@ def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
                 [(wlocs[0], Op.WRITE, payload), (wbad, Op.WRITE, payload),
                  (wlocs[2], Op.WRITE, payload)]
             )  # fmt: skip
-            # The node answers the refusal and hangs up on the unread rest.  Its replies may be
-            # lost to the reset, so a write can be reported failed although it landed (the
-            # put is then revoked): never the reverse.
-            assert results[0] is None or isinstance(results[0], DataPathError)
-            assert isinstance(results[1], DataPathError)  # AccessDenied, or lost to the reset
-            assert isinstance(results[2], DataPathError)  # behind the refusal: not written
-            # The connection was dropped and a fresh one serves the next batch.
+            assert results[0] is None and results[2] is None
+            assert type(results[1]) is AccessDeniedError
+            assert "signature" in results[1].message
+            # The same connection serves the next batch.
+            sock = nodes._socks[loc.endpoint]
             again = nodes.exchange_many([(loc, Op.READ, bufs[0]), (loc, Op.READ, bufs[1])])
             assert again == [None, None] and bytes(bufs[1]) == value
+            assert nodes._socks[loc.endpoint] is sock
         finally:
             nodes.close()
 

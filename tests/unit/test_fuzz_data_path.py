@@ -22,10 +22,17 @@ from hypothesis import strategies as st
 
 from mooncake_store.client.transport import BlockingNodeConnections
 from mooncake_store.client.types import ReplicaLocation
-from mooncake_store.common.errors import OK, DataPathError, MooncakeError
+from mooncake_store.common.errors import (
+    OK,
+    AccessDeniedError,
+    DataPathError,
+    GrantExpiredError,
+    MooncakeError,
+)
 from mooncake_store.common.grant import GRANT_BYTES, Grant, GrantMode, sign_grant, verify_grant
 from mooncake_store.common.wire import (
     MAGIC,
+    MAX_DRAIN_BYTES,
     MAX_ERROR_BYTES,
     MAX_READV_ENTRIES,
     READV_ENTRY,
@@ -148,6 +155,33 @@ def test_hostile_headers_never_allocate_what_they_ask_for(frames, cut_at):
     transport, access = feed(b"".join(h + body for h, body in frames), cut_at)
     _replies(bytes(transport.out))
     assert access.reads == 0 and access.writes == 0  # nothing unsigned was served or written
+
+
+@FUZZ
+@given(cuts)
+def test_refused_writes_are_drained_and_the_connection_kept(cut_at):
+    """A refused WRITE's payload is read and discarded: the refusal, then the next request's
+    answer, on the same connection."""
+    ping = pack_request(Op.PING, _grant(0, 16, GrantMode.READ), 0, 0)
+    payload = os.urandom(3 * POOL_BYTES)  # larger than the node's scratch buffer
+    read_grant = pack_request(Op.WRITE, _grant(0, POOL_BYTES, GrantMode.READ), 0, len(payload))
+    expired = pack_request(Op.WRITE, _grant(0, 64, GrantMode.WRITE, 1), 0, 64)
+    stream = read_grant + payload + expired + payload[:64] + ping
+    transport, access = feed(stream, cut_at)
+    replies = _replies(bytes(transport.out))
+    assert [status for status, _ in replies] == [
+        AccessDeniedError.code,
+        GrantExpiredError.code,
+        OK,
+    ]
+    assert not transport.closed and access.writes == 0
+
+
+def test_refused_write_announcing_more_than_the_drain_bound_is_hung_up_on():
+    frame = pack_request(Op.WRITE, _grant(0, 64, GrantMode.READ), 0, MAX_DRAIN_BYTES + 1)
+    transport, _ = feed(frame + b"x" * 64, [])
+    assert [status for status, _ in _replies(bytes(transport.out))] == [AccessDeniedError.code]
+    assert transport.closed
 
 
 @st.composite
