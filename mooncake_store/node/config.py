@@ -48,6 +48,36 @@ class NodeConfig:
         "On SIGTERM, how long to wait for the master to copy the blocks whose only replica is "
         "here to other nodes before unmounting (see master/drain.py); 0: no drain.",
     )
+    # Timeouts and message caps of the node's calls (defaults as they were hard-coded).
+    grpc_max_message_bytes: int = size_field(
+        64 * 1024**2,
+        "Largest gRPC message the node's control and data services send or receive.",
+    )
+    master_max_message_bytes: int = size_field(
+        256 * 1024**2,
+        "Largest gRPC message on the node's channel to the master (a mount carries the "
+        "inventory of every block the node holds).",
+    )
+    master_call_timeout_s: float = duration_field(
+        1.0,
+        "Deadline of a heartbeat or a re-mount (the master's heartbeat interval when longer).",
+    )
+    drain_call_timeout_s: float = duration_field(
+        5.0, "Deadline of each DrainNode call to the master while draining on SIGTERM."
+    )
+    drain_stall_s: float = duration_field(
+        3.0,
+        "A drain with nothing copied and nothing in flight for this long gives up (no other "
+        "node can take the blocks).",
+    )
+    unmount_timeout_s: float = duration_field(
+        2.0, "Deadline of the unmount call to the master at shutdown."
+    )
+    fetch_timeout_s: float = duration_field(
+        30.0,
+        "Deadline of connecting to and each read from the source node when the master has "
+        "this node fetch a replica.",
+    )
     # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and control service.
     tls_cert: str = setting(
         "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
@@ -127,6 +157,22 @@ class NodeConfig:
             )
         if self.io_threads < 1:
             raise InvalidArgumentError(f"--io-threads must be >= 1, got {self.io_threads}")
+        for name in (
+            "master_call_timeout_s",
+            "drain_call_timeout_s",
+            "drain_stall_s",
+            "unmount_timeout_s",
+            "fetch_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                flag = "--" + name.removesuffix("_s").replace("_", "-")
+                raise InvalidArgumentError(f"{flag} must be > 0, got {getattr(self, name)}")
+        for name in ("grpc_max_message_bytes", "master_max_message_bytes"):
+            if not 1024**2 <= getattr(self, name) < 2**31:
+                flag = "--" + name.replace("_", "-")
+                raise InvalidArgumentError(
+                    f"{flag} must be 1MiB-2GiB (gRPC's limit), got {getattr(self, name)} bytes"
+                )
         if self.mount_timeout_s <= 0:
             raise InvalidArgumentError(f"--mount-timeout must be > 0, got {self.mount_timeout_s}")
         if ":" not in self.master:

@@ -48,11 +48,13 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                  gpu: dict[int, GpuTier], executor: Executor, *,
                  tls: ssl.SSLContext | None = None,
                  fences: dict[int, WriteFence] | None = None,
-                 verifier: RequestVerifier | None = None) -> None:  # fmt: skip
+                 verifier: RequestVerifier | None = None,
+                 fetch_timeout_s: float = 30.0) -> None:  # fmt: skip
         self.verifier = verifier  # None: the node has no token (its master runs --auth off)
         self.refused = 0
         self.dram = dram
         self.fences = fences if fences is not None else {}  # the data path's (DataAccess)
+        self.fetch_timeout_s = fetch_timeout_s  # connect and each read of a fetch
         self.tls = tls  # the client context of fetches from other nodes (None: plaintext)
         self.nvme = nvme
         self.gpu = gpu
@@ -183,7 +185,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             sock = conns.get(task.src_endpoint)
             if sock is None:
                 host, port = split_host_port(task.src_endpoint)
-                sock = socket.create_connection((host, port), 30)
+                sock = socket.create_connection((host, port), self.fetch_timeout_s)
                 if self.tls is not None:
                     sock = self.tls.wrap_socket(sock, server_hostname=host)
                 conns[task.src_endpoint] = sock

@@ -45,8 +45,15 @@ class MasterLink:
         tls: TlsConfig = PLAINTEXT,
         token: str = "",
         node_secret: bytes = b"",
+        max_message_bytes: int = 256 * 1024 * 1024,
+        call_timeout_s: float = 1.0,
+        unmount_timeout_s: float = 2.0,
     ) -> None:
         self.master = master
+        self._max_message_bytes = max_message_bytes
+        # Heartbeats and re-mounts wait this long, or the heartbeat interval when longer.
+        self._call_timeout_s = call_timeout_s
+        self._unmount_timeout_s = unmount_timeout_s
         # The bearer part of the node token (never its secret), sent with every call.
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._build_mount = build_mount
@@ -90,7 +97,7 @@ class MasterLink:
         return [*self._metadata, (SIGNATURE_METADATA, signature)]
 
     def _open(self, address: str) -> grpc.Channel:
-        options = message_options(256 * 1024 * 1024)
+        options = message_options(self._max_message_bytes)
         if self._tls.serves:  # a node with TLS talks TLS to its master, presenting its cert
             return grpc.secure_channel(address, self._tls.grpc_channel_credentials(), options)
         return grpc.insecure_channel(address, options=options)
@@ -156,13 +163,13 @@ class MasterLink:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             if not self.mounted.is_set():
-                self.mount(timeout_s=max(self.interval_s, 1.0))
+                self.mount(timeout_s=max(self.interval_s, self._call_timeout_s))
                 continue
             request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
                 reply = self._beat_stub.Heartbeat(
                     request,
-                    timeout=max(self.interval_s, 1.0),
+                    timeout=max(self.interval_s, self._call_timeout_s),
                     metadata=self._signed("Heartbeat", request),
                 )
             except grpc.RpcError as exc:
@@ -171,7 +178,9 @@ class MasterLink:
                     # Nothing listens there (the master restarted?): ask the main port where
                     # to heartbeat, and go on heartbeating meanwhile.  A slow reply is only
                     # retried: the main port may be busy, the heartbeat port is not.
-                    self.mount(timeout_s=max(self.interval_s, 1.0), keep_mounted=True)
+                    self.mount(
+                        timeout_s=max(self.interval_s, self._call_timeout_s), keep_mounted=True
+                    )
                 continue
             self.heartbeats += 1
             refused = reply.status.code == AccessDeniedError.code
@@ -181,7 +190,7 @@ class MasterLink:
             self._beat_refused = refused
             if reply.status.code == SegmentNotFoundError.code:
                 log.warning("master %s forgot this node; mounting again", self.master)
-                self.mount(timeout_s=max(self.interval_s, 1.0))
+                self.mount(timeout_s=max(self.interval_s, self._call_timeout_s))
 
     def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
         """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""
@@ -198,7 +207,7 @@ class MasterLink:
             request = pb.UnmountSegmentRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:
                 signed = self._signed("UnmountSegment", request)
-                self._stub.UnmountSegment(request, timeout=2, metadata=signed)
+                self._stub.UnmountSegment(request, timeout=self._unmount_timeout_s, metadata=signed)
             except grpc.RpcError as exc:
                 log.warning("unmount from %s failed: %s", self.master, exc.code().name)
         if self._beat_channel is not None:

@@ -47,8 +47,6 @@ from mooncake_store.node.shm_server import ShmServer
 
 log = logging.getLogger("mooncake.node")
 
-DRAIN_STALL_S = 3.0  # a drain with nothing copied and nothing in flight for this long gives up
-
 
 def _random_id() -> int:
     return int.from_bytes(os.urandom(8), "little") or 1
@@ -166,13 +164,13 @@ class StoreNode:
         if self.gpu is not None:  # same-host readers copy GPU-tier blocks device to device
             self._gpu_handoff = GpuHandoff(self._shm_name, self.gpu, group_gid=cfg.shm_group_gid)
 
-        self._grpc = grpc.aio.server(options=server_options())  # default message caps: 64 MiB
+        self._grpc = grpc.aio.server(options=server_options(cfg.grpc_max_message_bytes))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         control = self.control = NodeControl(
             self.access.dram, self.access.nvme, self.access.gpu, self._io,
             tls=tls.client_context() if tls.serves else None, fences=self.access.fences,
-            verifier=self.verifier,
+            verifier=self.verifier, fetch_timeout_s=cfg.fetch_timeout_s,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
         self.data_service = DataServicer(self.access)  # issue 15: the data path over gRPC
@@ -192,8 +190,11 @@ class StoreNode:
         token = bearer(self.token) if self.token else ""
         secret = node_secret_of(self.token) if self.token else b""
         self._link = MasterLink(
-            cfg.master, self._mount_request, tls=tls, token=token, node_secret=secret
-        )
+            cfg.master, self._mount_request, tls=tls, token=token, node_secret=secret,
+            max_message_bytes=cfg.master_max_message_bytes,
+            call_timeout_s=cfg.master_call_timeout_s,
+            unmount_timeout_s=cfg.unmount_timeout_s,
+        )  # fmt: skip
         if self.token:  # found while the link built its first mount request
             self._link.set_token(bearer(self.token), node_secret_of(self.token))
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):
@@ -329,10 +330,10 @@ class StoreNode:
         waiting up to `timeout_s` (the node keeps serving meanwhile: it is the copies' source).
 
         Returns how many such blocks are left (0: all saved), None when the master could not
-        be asked.  Gives up early when nothing moves for `DRAIN_STALL_S` (no other node can
+        be asked.  Gives up early when nothing moves for --drain-stall (no other node can
         take the blocks).  Logs the outcome either way.
         """
-        link = self._link
+        link, cfg = self._link, self.config
         if link is None or timeout_s <= 0 or not link.mounted.is_set():
             return None
         loop = asyncio.get_running_loop()
@@ -340,7 +341,7 @@ class StoreNode:
         progress_at, last = loop.time(), (-1, -1)
         while True:
             try:
-                reply = await loop.run_in_executor(None, link.drain, 5.0)
+                reply = await loop.run_in_executor(None, link.drain, cfg.drain_call_timeout_s)
             except grpc.RpcError as exc:
                 log.warning("drain: cannot ask the master (%s); blocks whose only replica is "
                             "here are lost with this node", exc.code().name)  # fmt: skip
@@ -355,7 +356,7 @@ class StoreNode:
                 return 0
             if (remaining, reply.saved) != last or reply.copying:
                 progress_at, last = now, (remaining, int(reply.saved))
-            stalled = now - progress_at >= DRAIN_STALL_S
+            stalled = now - progress_at >= cfg.drain_stall_s
             if now >= deadline or stalled:
                 why = (
                     "no other node can take them" if stalled else f"--drain-timeout {timeout_s:g}s"

@@ -197,3 +197,36 @@ def test_every_flag_is_in_the_readme(cls):
         if f"`{flag_name(f)}`" not in readme and f"`--no-{flag_name(f)[2:]}`" not in readme
     ]
     assert not missing, f"README.md does not document {missing}"
+
+
+def test_node_timeouts_and_message_caps_are_settings(tmp_path):
+    """Once hard-coded in node/: same defaults, now flag == TOML key == env, checked."""
+    default = NodeConfig()
+    assert (default.grpc_max_message_bytes, default.master_max_message_bytes) == (
+        64 << 20,
+        256 << 20,
+    )
+    assert (
+        default.master_call_timeout_s,
+        default.drain_call_timeout_s,
+        default.drain_stall_s,
+        default.unmount_timeout_s,
+        default.fetch_timeout_s,
+    ) == (1.0, 5.0, 3.0, 2.0, 30.0)
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('master-call-timeout = "3s"\nfetch_timeout = "10s"\n')
+    env = {"N_GRPC_MAX_MESSAGE_BYTES": "128MiB", "N_DRAIN_STALL": "500ms"}
+    config = load_config(
+        NodeConfig,
+        env_prefix="N_",
+        config_file=cfg,
+        environ=env,
+        overrides={"unmount_timeout_s": "4s", "master_max_message_bytes": "1GiB"},
+    )
+    assert config.master_call_timeout_s == 3.0 and config.fetch_timeout_s == 10.0
+    assert config.grpc_max_message_bytes == 128 << 20 and config.drain_stall_s == 0.5
+    assert config.unmount_timeout_s == 4.0 and config.master_max_message_bytes == 1 << 30
+    with pytest.raises(InvalidArgumentError, match="--drain-call-timeout must be > 0"):
+        NodeConfig(drain_call_timeout_s=0)
+    with pytest.raises(InvalidArgumentError, match="--grpc-max-message-bytes must be 1MiB-2GiB"):
+        NodeConfig(grpc_max_message_bytes=4 << 30)
