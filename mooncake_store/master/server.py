@@ -26,6 +26,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
+from mooncake_store.master.grpc_owners import read_established
 from mooncake_store.master.liveness import LivenessServer
 from mooncake_store.master.metrics import InstrumentedServicer, master_registry
 from mooncake_store.master.mover import NodeMover
@@ -124,6 +125,7 @@ class MasterServer:
         self._servicer: MasterServicer | None = None
         self._moving: dict[str, asyncio.Task[None]] = {}
         self.port: int | None = None
+        self._grpc_owners_checked_s = 0.0
         self._store: MetadataStore | None = None
         self._server: grpc.aio.Server | None = None
         self._framed: FramedServer | None = None
@@ -264,6 +266,21 @@ class MasterServer:
                 freeze_long_lived()
                 frozen_at = time.monotonic()
 
+    def _revoke_closed_grpc_owners(self) -> None:
+        """Pending puts of gRPC connections the kernel no longer lists end now, as a framed
+        connection's do when it closes (master/grpc_owners.py).  Once a second at most."""
+        assert self._servicer is not None
+        owners = self._servicer.grpc_owners
+        now = time.monotonic()
+        if not len(owners) or self.port is None or now < self._grpc_owners_checked_s + 1.0:
+            return
+        self._grpc_owners_checked_s = now
+        established = read_established(self.port)
+        if established is None:
+            return  # no /proc/net/tcp here: those puts end by the put timeout
+        for owner in owners.closed(established):
+            self._servicer.connection_closed(owner)
+
     async def _tick(self) -> None:
         assert self._store is not None and self._servicer is not None
         result = self.table.tick()
@@ -279,6 +296,7 @@ class MasterServer:
                         self.config.heartbeat_ttl_s + self.config.suspect_grace_s)  # fmt: skip
         if result.reclaimed_puts:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
+        self._revoke_closed_grpc_owners()
         if result.deleted_keys:
             await self._store.write(deletes=result.deleted_keys)
         # Work per node runs in the background; a node still busy (or stalled) gets no new

@@ -40,6 +40,7 @@ from mooncake_store.master.batches import SLICE_ITEMS, capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
+from mooncake_store.master.grpc_owners import GrpcOwners
 from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
 from mooncake_store.master.object_table import ObjectTable, PutStartOutcome
 from mooncake_store.master.objects import ObjectMeta, Replica
@@ -131,6 +132,8 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.replication = replication
         self.drains = drains or Drains(table, replication)
         self.framed_port = 0  # set by the server once the framed endpoint listens
+        self.grpc_owners = GrpcOwners()  # gRPC connections that started puts (the tick
+        # revokes the puts of those the kernel no longer lists: master/grpc_owners.py)
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens
         self.framed_socket = ""
         self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
@@ -205,10 +208,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def _put_start_batch(
         self, items: list[pb.PutStartItem], context: object
     ) -> list[pb.PutStartResult]:
-        # A framed connection names itself (`owner_id`): its pending puts are revoked when it
-        # closes (`connection_closed`).  gRPC tells the server of no connection's end: those
-        # puts end by PutEnd, PutRevoke or the put timeout.
-        owner = getattr(context, "owner_id", 0)
+        owner = self._owner(context)
         results = await each(items, lambda i: self._put_start(i, owner))
         try:
             await self.persist_dirty()  # evicted blocks are gone for good before their space
@@ -232,6 +232,16 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         return pb.BatchPutStartResponse(
             results=await self._put_start_batch(list(request.items), context)
         )
+
+    def _owner(self, context: object) -> int:
+        """Who started a put, so that its pending puts end when its connection does: a framed
+        connection names itself (`owner_id`) and reports its close (`connection_closed`); a
+        gRPC connection is named by its peer address, and the tick finds it gone."""
+        owner = getattr(context, "owner_id", 0)
+        if owner:
+            return int(owner)
+        peer = getattr(context, "peer", None)
+        return self.grpc_owners.owner_for(peer()) if callable(peer) else 0
 
     def connection_closed(self, owner: int) -> None:
         """A client connection closed: its pending puts will never end, revoke them now."""
@@ -333,7 +343,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         results = await self._put_end(list(request.items))
         if not request.next:
             return pb.BatchPutEndResponse(results=results)
-        leases = await self._grant_leases(request.next, getattr(context, "owner_id", 0))
+        leases = await self._grant_leases(request.next, self._owner(context))
         return pb.BatchPutEndResponse(results=results, leases=leases)
 
     # ---- allocation leases (issue 14, master/leases.py) --------------------------------------
@@ -398,7 +408,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
                 end = committed[item.spec.key]
                 result = pb.LeasedPutResult(status=end.status, replicas=end.replicas)
             out.append(result)
-        leases = await self._grant_leases(request.next, getattr(context, "owner_id", 0))
+        leases = await self._grant_leases(request.next, self._owner(context))
         return pb.BatchLeasedPutResponse(results=out, leases=leases)
 
     def _revoke(self, key: str) -> pb.Status:

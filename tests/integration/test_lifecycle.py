@@ -149,8 +149,10 @@ def test_remove_is_durable_before_visible_and_the_master_recovers_from_enospc(ti
             assert not any(store.exists_many(keys))
 
 
-def test_abandoned_puts_of_a_closed_connection_neither_evict_nor_block(cluster2):
-    """One client starts 10k puts and disconnects: committed objects stay, later puts work."""
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_abandoned_puts_of_a_closed_connection_neither_evict_nor_block(cluster2, framed):
+    """One client starts 10k puts and disconnects: committed objects stay, later puts work.
+    Over gRPC too, where the master learns of the closed connection from the kernel."""
     master = cluster2.master_address
     with Client(master) as store:
         kept = {f"kept/{i}": os.urandom(256 * 1024) for i in range(40)}  # 10 MiB of 64
@@ -158,7 +160,7 @@ def test_abandoned_puts_of_a_closed_connection_neither_evict_nor_block(cluster2)
         evictions = store.stats().counters["evictions"]
 
     async def abandon() -> list:
-        client = MasterClient(master, timeout_s=30, retry=Retry())
+        client = MasterClient(master, timeout_s=30, retry=Retry(), framed=framed)
         try:
             specs = [PutSpec(f"abandoned/{i}", 16 * 1024, 1) for i in range(10_000)]
             return await client.put_start(specs)
