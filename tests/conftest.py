@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.common.credentials import TOKEN_DIR_ENV
 
 # Short liveness settings so failure tests finish quickly.
 FAST_MASTER = [
@@ -18,6 +19,20 @@ FAST_MASTER = [
     "--suspect-grace",
     "1s",
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_token_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Masters started by the tests write their local token files into a per-session temp dir.
+
+    Set in this process's environment, so every master/node/CLI subprocess a test starts inherits
+    it; a killed master's `master-<port>.json` is then left in pytest's temp dir, never in the
+    user's `~/.config/mooncake/`.  A test about the default location sets the variable itself.
+    """
+    directory = tmp_path_factory.mktemp("tokens")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TOKEN_DIR_ENV, str(directory))
+        yield str(directory)
 
 
 def wait_until(
