@@ -72,9 +72,11 @@ def test_cluster_names_the_daemon_that_failed_and_why(tmp_path):
     assert "--nvme must be at least 1MiB" in line and "node-0.log" in line
 
 
+@pytest.mark.timeout(240)
 def test_node_says_serving_only_once_mounted(tmp_path):
     """A node started before its master logs that it waits, then 'mounted', then 'serving'."""
     import socket
+    import threading
 
     from tests.conftest import wait_until
 
@@ -89,7 +91,8 @@ def test_node_says_serving_only_once_mounted(tmp_path):
     )  # fmt: skip
     master = None
     try:
-        wait_until(lambda: "not serving yet: waiting to mount" in log.read_text(),
+        # Generous deadlines: on a loaded machine a daemon's start-up alone can take many seconds.
+        wait_until(lambda: "not serving yet: waiting to mount" in log.read_text(), timeout_s=90,
                    what="the node to say it waits for the master")  # fmt: skip
         assert node.poll() is None and "mounted on master" not in log.read_text()
         master = subprocess.Popen(
@@ -99,7 +102,10 @@ def test_node_says_serving_only_once_mounted(tmp_path):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
         )  # fmt: skip
         assert node.stdout is not None
-        line = node.stdout.readline()  # blocks until the node prints its start-up line
+        lines: list[str] = []  # the node's start-up line, read without blocking the test
+        threading.Thread(target=lambda: lines.append(node.stdout.readline()), daemon=True).start()
+        wait_until(lambda: lines, timeout_s=120, what="the node's serving line")
+        line = lines[0]
         assert "mooncake-store node early serving" in line
         assert "mounted on master" in log.read_text()  # logged before the serving line
     finally:
