@@ -117,6 +117,7 @@ def find_libfaketime() -> str | None:
 def client_main(index: int, master: str, deadline: float, max_puts: int, out: str) -> None:
     rng = random.Random(index)
     acked: list[str] = []
+    acked_at: list[float] = []  # wall clock of each acknowledgement (to place a loss in time)
     errors: Counter[str] = Counter()
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
@@ -135,6 +136,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                 try:
                     store.put(key, content(key, size_of(key)))
                     acked.append(key)
+                    acked_at.append(time.time())
                 except Exception as exc:  # counted by type; not acknowledged
                     errors[f"put:{type(exc).__name__}"] += 1
             elif acked:
@@ -149,8 +151,31 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                     errors[f"get:{type(exc).__name__}"] += 1
             else:
                 time.sleep(0.05)
-    Path(out).write_text(json.dumps({"acked": acked, "reads": reads, "wrong_bytes": wrong,
-                                     "errors": dict(errors)}))  # fmt: skip
+    Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
+                                     "wrong_bytes": wrong, "errors": dict(errors)}))  # fmt: skip
+
+
+def loss_windows(lost: list[tuple[str, float]], gap_s: float = 5.0) -> list[dict[str, object]]:
+    """Group lost blocks by client (the key's `c<i>/` prefix) and by when their puts were
+    acknowledged: one window per run of acknowledgements less than `gap_s` apart, with its
+    first and last time (HH:MM:SS, as in the fault log) and its count, to set beside the
+    faults injected then."""
+    by_client: dict[str, list[float]] = {}
+    for key, at in lost:
+        by_client.setdefault(key.partition("/")[0], []).append(at)
+    windows: list[dict[str, object]] = []
+    for client, times in sorted(by_client.items()):
+        times.sort()
+        start = prev = times[0]
+        count = 0
+        for at in [*times, math.inf]:
+            if at - prev > gap_s:
+                first, last = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (start, prev))
+                windows.append({"client": client, "count": count, "first": first, "last": last})
+                start, count = at, 0
+            prev = at
+            count += 1
+    return windows
 
 
 # ---- the cluster -----------------------------------------------------------------------------
@@ -438,6 +463,9 @@ def main() -> None:
             settled = chaos.wait_healthy(60)
             results = [json.loads(Path(o).read_text()) for o in outs if Path(o).exists()]
             acked = [k for r in results for k in r["acked"]]
+            acked_at = {
+                k: t for r in results for k, t in zip(r["acked"], r["acked_at"], strict=True)
+            }
             lost, wrong, unreadable_errors = [], 0, Counter()
             with Client(cluster.master_address, timeout_s=5,
                         retry=Retry(attempts=20, backoff_s=0.1)) as store:  # fmt: skip
@@ -464,6 +492,8 @@ def main() -> None:
                 "wrong_bytes": sum(r["wrong_bytes"] for r in results) + wrong,
                 "lost_acked_blocks": len(lost),
                 "lost_examples": lost[:10],
+                "lost_by_client": dict(Counter(k.partition("/")[0] for k in lost)),
+                "lost_windows": loss_windows([(k, acked_at[k]) for k in lost]),
                 "unreadable_errors": dict(unreadable_errors),
                 "evictions": evictions,
                 "loss_vs_eviction": (

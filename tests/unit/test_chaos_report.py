@@ -1,0 +1,39 @@
+"""The chaos report places lost blocks in time and by client (scripts/chaos.py), so that a
+loss can be set beside the faults injected when those puts were acknowledged."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
+
+
+def _chaos():
+    spec = importlib.util.spec_from_file_location("chaos_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("chaos_script", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hms(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def test_lost_blocks_are_grouped_by_client_and_acknowledgement_window():
+    chaos = _chaos()
+    t0 = 1_700_000_000.0
+    lost = [("c1/7", t0 + 1), ("c1/3", t0), ("c1/9", t0 + 4.5),  # one window (gaps <= 5 s)
+            ("c1/40", t0 + 60), ("c1/41", t0 + 61),  # a second, a minute later
+            ("c0/2", t0 + 2)]  # fmt: skip
+    windows = chaos.loss_windows(lost, gap_s=5.0)
+    assert windows == [
+        {"client": "c0", "count": 1, "first": _hms(t0 + 2), "last": _hms(t0 + 2)},
+        {"client": "c1", "count": 3, "first": _hms(t0), "last": _hms(t0 + 4.5)},
+        {"client": "c1", "count": 2, "first": _hms(t0 + 60), "last": _hms(t0 + 61)},
+    ]
+    assert chaos.loss_windows([]) == []
