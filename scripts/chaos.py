@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from mooncake_store import Client, Retry  # noqa: E402
 from mooncake_store.cluster import _MASTER_READY, DaemonProcess, LocalCluster  # noqa: E402
+from mooncake_store.common.credentials import TOKEN_DIR_ENV  # noqa: E402
 
 HEARTBEAT_TTL_S = 1.5
 SUSPECT_GRACE_S = 3.0
@@ -109,6 +110,16 @@ def find_libfaketime() -> str | None:
         if found:
             return found[0]
     return None
+
+
+def private_token_dir(root: str) -> Path:
+    """Keep the run's local token file (`master-<port>.json`) under `root`, not in the shared
+    `~/.config/mooncake/`: the master, nodes and clients started from here inherit the setting.
+    In the shared directory another process deleted every file mid-run (a chaos run then saw
+    each new client and each restarted node refused for want of a token)."""
+    directory = Path(root) / "tokens"
+    os.environ[TOKEN_DIR_ENV] = str(directory)
+    return directory
 
 
 # ---- client processes ---------------------------------------------------------------------
@@ -434,6 +445,7 @@ def main() -> None:
         else tempfile.TemporaryDirectory(prefix="mooncake-chaos-")
     )
     with place as tmp:
+        private_token_dir(tmp)
         with ChaosCluster(tmp, libfaketime=find_libfaketime(), nodes=args.nodes,
                           dram=f"{pool >> 20}MiB", master_args=MASTER_ARGS) as cluster:  # fmt: skip
             chaos = Chaos(cluster, random.Random(args.seed), args.fault_interval, kinds)

@@ -37,3 +37,13 @@ def test_lost_blocks_are_grouped_by_client_and_acknowledgement_window():
         {"client": "c1", "count": 2, "first": _hms(t0 + 60), "last": _hms(t0 + 61)},
     ]
     assert chaos.loss_windows([]) == []
+
+
+def test_a_run_keeps_its_token_file_in_its_own_directory(tmp_path, monkeypatch):
+    from mooncake_store.common.credentials import local_token_path
+
+    chaos = _chaos()
+    monkeypatch.delenv("MOONCAKE_TOKEN_DIR", raising=False)  # restored after the test
+    directory = chaos.private_token_dir(str(tmp_path))
+    assert directory == tmp_path / "tokens"
+    assert local_token_path(4242).parent == tmp_path / "tokens"  # not ~/.config/mooncake
