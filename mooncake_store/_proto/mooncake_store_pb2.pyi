@@ -659,6 +659,30 @@ class ReportCorruptRequest(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[CorruptReport]
     def __init__(self, reports: _Optional[_Iterable[_Union[CorruptReport, _Mapping]]] = ...) -> None: ...
 
+class VerifyExtent(_message.Message):
+    __slots__ = ("segment_id", "offset", "size_bytes", "checksum")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    offset: int
+    size_bytes: int
+    checksum: int
+    def __init__(self, segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("extents",)
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    extents: _containers.RepeatedCompositeFieldContainer[VerifyExtent]
+    def __init__(self, extents: _Optional[_Iterable[_Union[VerifyExtent, _Mapping]]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[Status]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
+
 class WriteFence(_message.Message):
     __slots__ = ("segment_id", "floor", "open")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -1260,6 +1260,11 @@ class NodeServiceStub:
                 request_serializer=mooncake__store__pb2.FenceWritesRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.Status.FromString,
                 _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/mooncake_store.v1.NodeService/Verify',
+                request_serializer=mooncake__store__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.VerifyResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -1294,6 +1299,14 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Issue 11/12: hash extents in place and compare each with its recorded checksum (the master
+        checks a corrupt report before it deletes anything).  Master-signed, like Move and Fetch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1316,6 +1329,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.FenceWrites,
                     request_deserializer=mooncake__store__pb2.FenceWritesRequest.FromString,
                     response_serializer=mooncake__store__pb2.Status.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=mooncake__store__pb2.VerifyRequest.FromString,
+                    response_serializer=mooncake__store__pb2.VerifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1426,6 +1444,33 @@ class NodeService:
             '/mooncake_store.v1.NodeService/FenceWrites',
             mooncake__store__pb2.FenceWritesRequest.SerializeToString,
             mooncake__store__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.NodeService/Verify',
+            mooncake__store__pb2.VerifyRequest.SerializeToString,
+            mooncake__store__pb2.VerifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

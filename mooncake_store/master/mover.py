@@ -42,6 +42,7 @@ class NodeMover:
         self._credentials = tls.grpc_channel_credentials() if tls.serves else None
         self.tiering = tiering
         self.timeout_s = timeout_s
+        self.verify_timeout_s = 10.0  # a Verify call (hashes at memory speed: ample)
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
         #: Per node id, the key that signs its control requests (set at mount; empty: auth off).
         self.control_keys: dict[str, bytes] = {}
@@ -172,6 +173,36 @@ class NodeMover:
                 self.table.fence_acked(seg, floor, open_)
 
         await asyncio.gather(*(send(n, mine) for n, mine in by_node.items()))
+
+    async def verify(self, extents: list[tuple[Segment, int, int, int]]) -> list[int]:
+        """Have each extent's node hash it in place against its checksum; one status code per
+        extent (segment, offset, size, checksum): OK, ChecksumMismatchError's, or -1 when its
+        node could not tell (unreachable, unknown extent).  Awaits the nodes, never blocks."""
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for i, (seg, _, _, _) in enumerate(extents):
+            by_node[seg.node_id].append(i)
+        codes = [-1] * len(extents)
+
+        async def send(node_id: str, mine: list[int]) -> None:
+            stub = self._stub(node_id)
+            if stub is None:
+                return
+            request = pb.VerifyRequest(extents=[
+                pb.VerifyExtent(segment_id=extents[i][0].segment_id, offset=extents[i][1],
+                                size_bytes=extents[i][2], checksum=extents[i][3])
+                for i in mine
+            ])  # fmt: skip
+            try:
+                signed = self._signed(node_id, "Verify", request)
+                reply = await stub.Verify(request, timeout=self.verify_timeout_s, metadata=signed)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("verifying extents on node %s failed: %s", node_id, exc.code().name)
+                return
+            for i, status in zip(mine, reply.statuses, strict=True):
+                codes[i] = status.code
+
+        await asyncio.gather(*(send(n, mine) for n, mine in by_node.items()))
+        return codes
 
     async def close(self) -> None:
         for _, channel, _ in self._channels.values():

@@ -168,7 +168,7 @@ class ObjectTable(ReplicaRelocation):
                 "puts_reclaimed", "gets", "removes", "nodes_expired", "nodes_suspected",
                 "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
-                "objects_corrupt",
+                "objects_corrupt", "replicas_corrupt", "corrupt_reports_refuted",
             ),
             0,
         )  # fmt: skip
@@ -606,21 +606,23 @@ class ObjectTable(ReplicaRelocation):
             and self._checksum[slot] == meta.checksum
         )
 
-    def report_corrupt(self, key: str, checksum: int, replicas: Iterable[Replica]) -> bool:
-        """A reader found every replica in `replicas` failing `checksum`: delete the object when
-        that is exactly the allocation stored now (its checksum, and every live replica among
-        those reported), so the next put of the key writes it afresh.  Returns True when the
-        object was deleted; a report about an object that changed since is a no-op."""
-        slot = self._slot.get(key)
-        if slot is None or self._state[slot] != COMPLETE or self._checksum[slot] != checksum:
+    def drop_corrupt(self, meta: ObjectMeta, replicas: Iterable[Replica]) -> bool:
+        """Drop `replicas` of the object `meta` was taken from, their nodes having found them
+        failing its checksum (master/corruption.py), when it is still stored (not put again
+        since).  Returns True when that deleted the object (no replica left)."""
+        slot = self._slot.get(meta.key)
+        if slot is None or not self.same_object(meta):
             return False
-        live = {r for r in self._replicas(slot) if r.segment_id in self._segments}
-        if not live or not live <= set(replicas):
-            return False
-        self._delete(slot, self._protected_until(slot))
-        self._dirty[key] = False
-        self.counters["objects_corrupt"] += 1
-        return True
+        for replica in replicas:
+            if replica in self._replicas(slot):
+                self.counters["replicas_corrupt"] += 1
+                self._lose_replica(slot, replica)
+            if self._slot.get(meta.key) != slot:
+                self.counters["objects_corrupt"] += 1
+                return True
+        if len(self._replicas(slot)) < self._wanted[slot]:
+            self.under_replicated.add(meta.key)
+        return False
 
     def mark_dirty(self, keys: Iterable[str]) -> None:
         """Persist these keys' current state again (after a failed metadata write)."""

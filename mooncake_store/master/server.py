@@ -176,6 +176,7 @@ class MasterServer:
         )  # each caller's keys: master/tenancy.py
         add_to_server(InstrumentedServicer(tenants, self.metrics, "grpc"), server)  # type: ignore[arg-type]
         self.mover.control_keys = self._servicer.control_keys
+        self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)

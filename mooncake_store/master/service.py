@@ -39,6 +39,7 @@ from mooncake_store.master.access import AccessControl, Caller
 from mooncake_store.master.batches import SLICE_ITEMS, capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.corruption import Verifier, check_reports
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.grpc_owners import GrpcOwners
 from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
@@ -137,6 +138,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens
         self.framed_socket = ""
         self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
+        #: Hashes extents on their nodes (NodeMover.verify, set by the server); None: no node
+        #: calls, so no corrupt report can be checked and none deletes anything.
+        self.verify_extents: Verifier | None = None
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
@@ -783,23 +787,12 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
     async def BatchReportCorrupt(
         self, request: pb.ReportCorruptRequest, context: object
     ) -> pb.StatusesResponse:
-        statuses: list[pb.Status] = []
-        for done, report in enumerate(request.reports):
-            await pause_every(done)
-            replicas = [Replica(r.segment_id, r.offset) for r in report.replicas]
-            if self.table.report_corrupt(report.key, report.checksum, replicas):
-                log.warning(
-                    "deleted %r: every replica failed its checksum (%s), as a reader reported",
-                    report.key, ", ".join(f"{r.segment_id:x}@{r.offset}" for r in replicas),
-                )  # fmt: skip
-                statuses.append(_OK)
-            else:
-                gone = ObjectNotFoundError(
-                    f"{report.key!r} is not stored as reported (removed, or written again)"
-                )
-                statuses.append(_status(gone))
+        """Deletes only what the nodes find failing its checksum (master/corruption.py)."""
+        outcomes = await check_reports(self.table, list(request.reports), self.verify_extents)
         await self.persist_dirty()
-        return pb.StatusesResponse(statuses=statuses)
+        return pb.StatusesResponse(
+            statuses=[_OK if err is None else _status(err) for err in outcomes]
+        )
 
     async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:
         segments = self.table.segments()

@@ -1,4 +1,4 @@
-"""The node's control service, called by the master: moves between tiers, releases.
+"""The node's control service, called by the master: moves between tiers, releases, checks.
 
 Moves: DRAM -> NVMe (demotion), NVMe -> DRAM (promotion), DRAM -> GPU (promotion of the
 hottest blocks), GPU -> DRAM (demotion at the GPU tier's high watermark).  Fetches copy a block
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import socket
 import ssl
 import threading
@@ -148,6 +149,40 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                 self.demoted += 1  # down from the GPU
             return None
         raise DataPathError(f"no move from segment {src:x} to {dst:x}")
+
+    async def Verify(self, request: pb.VerifyRequest, context: object) -> pb.VerifyResponse:
+        """Hash each extent where it lies and compare it with its recorded checksum (the master
+        checks a reader's corrupt report this way before deleting anything)."""
+        await self._check("Verify", request, context)
+        loop = asyncio.get_running_loop()
+        extents = list(request.extents)
+        statuses = await loop.run_in_executor(
+            self.executor, lambda: [self._verify(e) for e in extents]
+        )
+        return pb.VerifyResponse(statuses=statuses)
+
+    def _verify(self, extent: pb.VerifyExtent) -> pb.Status:
+        size, offset = extent.size_bytes, extent.offset
+        pool = self.dram.get(extent.segment_id)
+        staged = self.nvme.get(extent.segment_id) or self.gpu.get(extent.segment_id)
+        try:
+            if pool is not None:
+                if size <= 0 or offset + size > len(pool):
+                    return pb.Status(code=DataPathError.code, message="extent is out of the pool")
+                data = pool[offset : offset + size]
+            elif staged is not None:
+                page_aligned = memoryview(mmap.mmap(-1, aligned(size)))  # O_DIRECT wants it
+                staged.read(page_aligned, offset)
+                data = page_aligned[:size]
+            else:
+                return pb.Status(code=DataPathError.code, message="no such segment on this node")
+        except (OSError, ValueError) as exc:
+            return pb.Status(code=DataPathError.code, message=f"read failed: {exc}")
+        if checksum(data) != extent.checksum:
+            return pb.Status(
+                code=ChecksumMismatchError.code, message="the extent fails its checksum"
+            )
+        return pb.Status(code=OK)
 
     async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
         await self._check("Fetch", request, context)

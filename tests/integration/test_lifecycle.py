@@ -18,12 +18,20 @@ from mooncake_store.client.master_client import (
     put_end_call,
     put_revoke_call,
     remove_call,
+    report_corrupt_call,
 )
-from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
+from mooncake_store.client.transport import ShmMapper
+from mooncake_store.client.types import PutSpec, ReplicaList, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
-from mooncake_store.common.errors import OK, AccessDeniedError, MooncakeError
+from mooncake_store.common.errors import (
+    OK,
+    AccessDeniedError,
+    InvalidArgumentError,
+    MooncakeError,
+    ObjectHasLeaseError,
+)
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
-from tests.conftest import FAST_MASTER, wait_until
+from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +100,65 @@ def test_a_key_committed_with_a_wrong_checksum_heals(cluster2, local_shm):
         assert not result.deduplicated  # written afresh, not "already stored"
         assert store.get(key) == value
         assert store.stats().counters["objects_corrupt"] >= 1
+
+
+def report_corrupt(master: str, key: str, info: ReplicaList) -> list:
+    """Report `key` corrupt, naming every replica of `info`, as a reader of the tenant may."""
+
+    async def run():
+        client = MasterClient(master, timeout_s=5, retry=Retry())
+        try:
+            return await client.run(report_corrupt_call([(key, info.checksum, info.replicas)]))
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_a_false_corrupt_report_deletes_nothing(cluster2):
+    """Any client of a tenant may report a key corrupt; the master has the nodes hash the
+    replicas named, and a report about bytes that check out deletes nothing, not even of a
+    leased object that a non-forced remove refuses (it used to be trusted blindly)."""
+    key, value = "falsely-reported", os.urandom(40_000)
+    with Client(cluster2.master_address) as store:
+        store.put(key, value, replicas=2)
+        before = store.stats().counters
+        info = replica_list(cluster2.master_address, key)  # a read: leased for 5 s
+        assert len(info.replicas) == 2
+        [leased] = store.remove_many_outcomes([key], force=False)
+        assert isinstance(leased, ObjectHasLeaseError)
+        [refused] = report_corrupt(cluster2.master_address, key, info)
+        assert isinstance(refused, InvalidArgumentError)
+        assert store.get(key) == value
+        assert len(replica_list(cluster2.master_address, key).replicas) == 2
+        after = store.stats().counters
+        assert after["corrupt_reports_refuted"] == before["corrupt_reports_refuted"] + 1
+        assert after["replicas_corrupt"] == before["replicas_corrupt"]
+        assert after["objects_corrupt"] == before["objects_corrupt"]
+
+
+def test_a_corrupt_report_drops_only_the_replicas_that_fail(cluster2):
+    """A report naming two replicas of which one really fails drops that one; the object
+    stays, readable from the other."""
+    key, value = "half-corrupt", os.urandom(40_000)
+    with Client(cluster2.master_address) as store:
+        store.put(key, value, replicas=2)
+        before = store.stats().counters
+        info = replica_list(cluster2.master_address, key)
+        bad, good = info.replicas
+        mapper = ShmMapper()
+        pool = mapper.map(bad)
+        assert pool is not None
+        pool[bad.offset] ^= 0xFF  # flip a byte of one replica, in its node's pool
+        mapper.close()
+        assert report_corrupt(cluster2.master_address, key, info) == [None]
+        after = store.stats().counters
+        assert after["replicas_corrupt"] == before["replicas_corrupt"] + 1
+        assert after["objects_corrupt"] == before["objects_corrupt"]
+        now = replica_list(cluster2.master_address, key).replicas
+        assert (good.segment_id, good.offset) in {(r.segment_id, r.offset) for r in now}
+        assert (bad.segment_id, bad.offset) not in {(r.segment_id, r.offset) for r in now}
+        assert store.get(key) == value
 
 
 @pytest.fixture

@@ -195,6 +195,9 @@ def test_node_control_calls_need_a_master_signature(secure: LocalCluster, victim
             # floor 0 would make every ended write grant of the segment work again
             "FenceWrites": lambda md: node.FenceWrites(pb.FenceWritesRequest(fences=[
                 pb.WriteFence(segment_id=1, floor=0)]), timeout=5, metadata=md),
+            # a checksum oracle over any extent of the pool
+            "Verify": lambda md: node.Verify(pb.VerifyRequest(extents=[pb.VerifyExtent(
+                segment_id=1, offset=0, size_bytes=4096, checksum=0)]), timeout=5, metadata=md),
         }  # fmt: skip
         for name, call in calls.items():
             for md in ([], [("x-mooncake-signature", "1700000000000." + "00" * 16)]):
