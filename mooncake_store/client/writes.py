@@ -25,7 +25,12 @@ from mooncake_store.client.leases import (
     leased_put_call,
     put_end_leases_call,
 )
-from mooncake_store.client.master_client import put_end_call, put_revoke_call, put_start_call
+from mooncake_store.client.master_client import (
+    put_end_call,
+    put_revoke_call,
+    put_start_call,
+    report_corrupt_call,
+)
 from mooncake_store.client.steps import (
     Flow,
     LocalPools,
@@ -194,6 +199,9 @@ class WriteFlows(LocalPools):
             else:
                 p.plan = plan
         self._check_conflicts(pending)
+        conflicted = [p for p in pending if isinstance(p.error, ObjectConflictError)]
+        if conflicted:
+            yield from self._heal_conflicts(conflicted)
         to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
         try:
             # Replicas in pools already mapped on this host are plain copies: no task each.
@@ -308,6 +316,27 @@ class WriteFlows(LocalPools):
                     f"{plan.existing_checksum:016x}, this put's {mine:016x}); the "
                     "stored value is kept: remove it first to replace it"
                 )
+
+    def _heal_conflicts(self, conflicted: list[_Pending]) -> Flow[None]:
+        """Ask the master to check the stored replicas of conflicting keys (a report naming no
+        replica): where every one fails its checksum (a put committed with a wrong one), the
+        master deletes the key and this put starts again, so it heals without a read first.
+        A sound stored value keeps the conflict."""
+        reports: list[tuple[str, int, list[ReplicaLocation]]] = [
+            (p.key, (p.plan.existing_checksum or 0) if p.plan else 0, []) for p in conflicted
+        ]
+        try:
+            outcomes = yield report_corrupt_call(reports)
+        except MooncakeError:
+            return  # best effort: the conflict stands
+        healed = [p for p, err in zip(conflicted, outcomes, strict=True) if err is None]
+        if not healed:
+            return
+        plans = yield put_start_call([p.spec for p in healed])
+        for p, plan in zip(healed, plans, strict=True):
+            self.counters["put_conflicts"] -= 1
+            p.error, p.plan = (plan, None) if isinstance(plan, MooncakeError) else (None, plan)
+        self._check_conflicts(healed)
 
     def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""

@@ -39,7 +39,7 @@ from mooncake_store.master.access import AccessControl, Caller
 from mooncake_store.master.batches import SLICE_ITEMS, capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
-from mooncake_store.master.corruption import Verifier, check_reports
+from mooncake_store.master.corruption import RecentChecks, Verifier, check_reports
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.grpc_owners import GrpcOwners
 from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
@@ -141,6 +141,7 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         #: Hashes extents on their nodes (NodeMover.verify, set by the server); None: no node
         #: calls, so no corrupt report can be checked and none deletes anything.
         self.verify_extents: Verifier | None = None
+        self.recent_checks = RecentChecks()  # keys whose replicas checked out lately
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
@@ -788,7 +789,9 @@ class MasterServicer(pb_grpc.MasterServiceServicer):
         self, request: pb.ReportCorruptRequest, context: object
     ) -> pb.StatusesResponse:
         """Deletes only what the nodes find failing its checksum (master/corruption.py)."""
-        outcomes = await check_reports(self.table, list(request.reports), self.verify_extents)
+        outcomes = await check_reports(
+            self.table, list(request.reports), self.verify_extents, self.recent_checks
+        )
         await self.persist_dirty()
         return pb.StatusesResponse(
             statuses=[_OK if err is None else _status(err) for err in outcomes]

@@ -28,6 +28,7 @@ from mooncake_store.common.errors import (
     AccessDeniedError,
     InvalidArgumentError,
     MooncakeError,
+    ObjectConflictError,
     ObjectHasLeaseError,
 )
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
@@ -100,6 +101,21 @@ def test_a_key_committed_with_a_wrong_checksum_heals(cluster2, local_shm):
         assert not result.deduplicated  # written afresh, not "already stored"
         assert store.get(key) == value
         assert store.stats().counters["objects_corrupt"] >= 1
+
+
+def test_a_correct_put_heals_a_key_committed_with_a_wrong_checksum(cluster2):
+    """A put conflicting with a stored value whose every replica fails its checksum asks the
+    master to check them; the master deletes the key and the put stores it afresh, with no
+    read in between.  A conflict with a sound stored value still stands."""
+    key, value = "poisoned/then-put", os.urandom(30_000)
+    put_with_ends(cluster2.master_address, key, value, xxhash.xxh3_64_intdigest(value) ^ 1)
+    with Client(cluster2.master_address) as store:
+        result = store.put(key, value)
+        assert not result.deduplicated  # written afresh, not "already stored"
+        assert store.get(key) == value
+        with pytest.raises(ObjectConflictError):
+            store.put(key, os.urandom(30_000))  # the sound value stays
+        assert store.get(key) == value
 
 
 def report_corrupt(master: str, key: str, info: ReplicaList) -> list:
