@@ -29,6 +29,7 @@ from mooncake_store.common.errors import (
     InvalidValueError,
     MooncakeError,
     ObjectBusyError,
+    ObjectConflictError,
     ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
@@ -95,6 +96,7 @@ def put_leased(
         ObjectNotFoundError: no such lease (expired, revoked, or the master restarted).
         InvalidValueError: `size_bytes` is not the lease's size, or a bad checksum.
         ObjectBusyError / IdentityMismatchError: as put_start would raise them.
+        ObjectConflictError: `key` is stored with another checksum (not a duplicate).
     """
     validate_key(key, stored=True)  # a tenant's keys arrive prefixed (master/access.py)
     if is_lease(key):
@@ -128,6 +130,10 @@ def put_leased(
             if pin_until > table._cold_get(existing, "pin_until_s"):
                 table._cold_set(existing, "pin_until_s", pin_until)
                 table._dirty[key] = True
+            if table._checksum[existing] != checksum:  # not a duplicate: the client puts it
+                raise ObjectConflictError(  # the two-phase way, which reports the conflict
+                    f"{key!r} is already stored with a different value"
+                )  # (or heals a key whose stored replicas all fail their checksum)
             table.counters["puts_deduplicated"] += 1
             return None
         table._delete(existing, 0.0)  # restored, but none of its nodes came back

@@ -118,6 +118,23 @@ def test_a_correct_put_heals_a_key_committed_with_a_wrong_checksum(cluster2):
         assert store.get(key) == value
 
 
+def test_a_leased_put_of_a_stored_key_with_another_value_is_no_duplicate(cluster2):
+    """The one-RTT (leased) put of a key stored with another value used to report
+    "deduplicated"; it now goes the two-phase way: a conflict, or a heal of a poisoned key."""
+    with Client(cluster2.master_address, leases=True) as store:
+        for i in range(3):  # puts of this size: the client now holds leases for it
+            store.put(f"leased/warm{i}", os.urandom(20_000))
+        assert store.counters["leased_puts"] >= 1
+        store.put("leased/a", os.urandom(20_000))
+        with pytest.raises(ObjectConflictError):
+            store.put("leased/a", os.urandom(20_000))
+        value = os.urandom(20_000)
+        put_with_ends(cluster2.master_address, "leased/poisoned", value,
+                      xxhash.xxh3_64_intdigest(value) ^ 1)  # fmt: skip
+        assert not store.put("leased/poisoned", value).deduplicated
+        assert store.get("leased/poisoned") == value
+
+
 def report_corrupt(master: str, key: str, info: ReplicaList) -> list:
     """Report `key` corrupt, naming every replica of `info`, as a reader of the tenant may."""
 
