@@ -372,3 +372,4 @@ class Membership(ObjectColumns):
             if committed:
                 self._dirty.pop(key, None)
                 result.deleted_keys.append(key)
+                self.counters["objects_lost"] += 1  # its last replica went with its node

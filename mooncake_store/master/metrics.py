@@ -173,6 +173,7 @@ COUNTER_HELP = {
     "replicas_dropped": "Replicas dropped (node lost, corrupt, or evicted).",
     "nodes_expired": "Nodes declared dead after missing heartbeats.",
     "objects_adopted": "Blocks adopted from a node's inventory.",
+    "objects_lost": "Committed objects deleted because every node holding a replica was dropped.",
     "objects_corrupt": "Objects deleted: every replica failed its checksum on its node.",
     "replicas_corrupt": "Replicas dropped after their node found them failing their checksum.",
     "corrupt_reports_refuted": "Corrupt reports whose replicas passed their checksum on their "

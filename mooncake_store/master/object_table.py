@@ -168,7 +168,7 @@ class ObjectTable(ReplicaRelocation):
                 "puts_reclaimed", "gets", "removes", "nodes_expired", "nodes_suspected",
                 "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
-                "objects_corrupt", "replicas_corrupt", "corrupt_reports_refuted",
+                "objects_corrupt", "replicas_corrupt", "corrupt_reports_refuted", "objects_lost",
             ),
             0,
         )  # fmt: skip

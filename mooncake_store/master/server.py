@@ -299,6 +299,12 @@ class MasterServer:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
         self._revoke_closed_grpc_owners()
         if result.deleted_keys:
+            shown = ", ".join(repr(k) for k in result.deleted_keys[:5])
+            more = (
+                f" and {len(result.deleted_keys) - 5} more" if len(result.deleted_keys) > 5 else ""
+            )
+            log.warning("deleted %d objects whose last replica was on dropped nodes: %s%s",
+                        len(result.deleted_keys), shown, more)  # fmt: skip
             await self._store.write(deletes=result.deleted_keys)
         # Work per node runs in the background; a node still busy (or stalled) gets no new
         # batch, and the others are not held up by it.

@@ -91,6 +91,7 @@ def test_a_node_silent_past_the_grace_window_is_dropped_with_its_objects(table, 
     assert [n.node_id for n in result.dead_nodes] == ["node-1"]
     # Only the objects no replica of which can come back are deleted.
     assert set(result.deleted_keys) == set(single)
+    assert table.counters["objects_lost"] == len(single)  # counted, as evictions are not
     assert all(table.exists(k) for k in double)
     assert not table.heartbeat("node-1", 1)  # forgotten: it must mount again
 
