@@ -1,0 +1,194 @@
+"""Frees in the object table: giving a replica's extent back to its segment.
+
+An extent is freed at once, later (`_deferred`: a read lease or a copy protects it until
+then), or only once its node took a write fence that ends the put's write grants
+(`fences.py`: the held frees of puts that end without a commit).  A free the allocator refuses
+(a stale one: the mount is gone, or the extent is not allocated as named) is a logged no-op.
+Persistent-tier extents freed are reported to their node (`take_released`).  Losing a replica
+(eviction, a dropped segment) and deleting an object end here.
+
+`ExtentFrees` is a base of `ObjectTable` (object_table.py) on top of `ReplicaRelocation`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from mooncake_store.master.columns import COMPLETE
+from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.fences import HeldFree, WriteFences
+from mooncake_store.master.objects import Replica
+from mooncake_store.master.relocation import ReplicaRelocation
+from mooncake_store.master.segments import Segment, Tier
+
+log = logging.getLogger("mooncake.master")
+
+FENCE_SLACK_S = 2.0  # past a write grant's expiry, a held free happens without a fence
+
+
+class ExtentFrees(ReplicaRelocation):
+    """Frees of extents, deferred and held ones, and losing replicas (see the module
+    docstring)."""
+
+    # The object table's state these rules use (set by ObjectTable.__init__).
+    config: MasterConfig
+    fences: WriteFences
+    _fence_writes: bool
+    _next_generation: int
+    # (free at, segment generation, segment, offset, size): frees that wait for a lease
+    _deferred: list[tuple[float, int, int, int, int]]
+    _released: dict[int, list[int]]  # persistent segment -> freed offsets
+
+    if TYPE_CHECKING:  # provided by PutLifecycle (puts.py)
+
+        def _unpend(self, slot: int, replicas: Iterable[Replica]) -> None: ...
+
+    def _note_release(self, seg: Segment, offset: int) -> None:
+        """Tell the node (persistent tiers only) to forget an extent the master does not use."""
+        if seg.tier.persistent:
+            self._released.setdefault(seg.segment_id, []).append(offset)
+
+    def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None:
+        """Give an allocated extent back now and tell its node.
+
+        A free the allocator refuses (the extent is not allocated as named: a double free or a
+        wrong size) is a logged no-op, never a release of someone else's space nor a failure
+        of the caller (the master's tick).
+        """
+        try:
+            seg.allocator.free(offset, size_bytes)
+        except KeyError:
+            self._stale("free", seg, offset, size_bytes)
+            return
+        self._note_release(seg, offset)
+
+    def _stale(self, what: str, seg: Segment, offset: int, size_bytes: int) -> None:
+        self.counters["stale_frees"] += 1
+        log.warning(
+            "ignored a stale %s of %d bytes at offset %d of segment %x (generation %d): "
+            "that allocation no longer exists", what, size_bytes, offset, seg.segment_id,
+            seg.generation,
+        )  # fmt: skip
+
+    def _free(
+        self, slot: int, replicas: Iterable[Replica], free_at_s: float, *, ghost: bool = False
+    ) -> None:
+        """Free replicas already taken out of the object in `slot`.  `ghost`: an eviction,
+        which the policy remembers (a removed key leaves nothing behind)."""
+        key = self._key[slot]
+        assert key is not None
+        now = self._clock()
+        size_bytes = self._size[slot]
+        for r in replicas:
+            seg = self._segments.get(r.segment_id)
+            if seg is None:  # a restored replica whose segment is not back: nothing held
+                continue
+            seg.objects -= 1
+            self.policy.discard(slot, r.segment_id, key if ghost else "")
+            generation = self._gen[slot]
+            if (
+                generation
+                and self._fence_writes
+                and self._state[slot] != COMPLETE  # a put that ends without a commit
+                and seg.tier is Tier.DRAM  # clients write only DRAM
+                and not self.fences.ended(seg, generation)
+            ):
+                # A write of the put may still be on its way to the node (a client revokes a
+                # put when a write failed or timed out): nobody else gets the extent until the
+                # node has taken a fence that ends the put's grants.
+                until = self._created[slot] + self.config.put_timeout_s + FENCE_SLACK_S
+                self.fences.hold(seg, HeldFree(generation, seg.generation, r.offset,
+                                               size_bytes, free_at_s, until))  # fmt: skip
+            elif free_at_s > now:
+                heapq.heappush(
+                    self._deferred, (free_at_s, seg.generation, r.segment_id, r.offset, size_bytes)
+                )
+            else:
+                self._free_extent(seg, r.offset, size_bytes)
+
+    def take_released(self) -> dict[int, list[int]]:
+        """Persistent-tier extents freed since the last call, per segment (drained)."""
+        out, self._released = self._released, {}
+        return out
+
+    def take_fences(self) -> list[tuple[Segment, int, frozenset[int]]]:
+        """The write fence of every DRAM segment, when a put ended since the last call: (the
+        segment, floor, open generations).  Send each to its node, then `fence_acked`."""
+        if not self.fences.dirty:
+            return []
+        self.fences.dirty = False
+        open_: dict[int, set[int]] = {}
+        for key in self._pending:
+            slot = self._slot[key]
+            for r in self._replicas(slot):
+                open_.setdefault(r.segment_id, set()).add(self._gen[slot])
+        floor = self._next_generation
+        return [
+            (seg, floor, frozenset(open_.get(seg.segment_id, ())))
+            for seg in self._segments.values()  # suspect nodes too: they may be writable
+            if seg.tier is Tier.DRAM
+        ]
+
+    def fence_acked(self, seg: Segment, floor: int, open_: frozenset[int]) -> None:
+        """`seg`'s node took this fence: the frees it held can happen now."""
+        if self._segments.get(seg.segment_id) is not seg:
+            return  # mounted again meanwhile: the new mount gets its own fence
+        now = self._clock()
+        for held in self.fences.acknowledged(seg, floor, open_):
+            self._release_held(seg.segment_id, held, now)
+
+    def fence_failed(self) -> None:
+        """A fence did not reach its node: send them all again next time."""
+        self.fences.dirty = True
+
+    def _release_held(self, segment_id: int, held: HeldFree, now: float) -> None:
+        seg = self._segments.get(segment_id)
+        if seg is None or seg.generation != held.segment_generation:
+            return  # that mount is gone, and its allocator with it
+        if held.free_at_s > now:
+            heapq.heappush(self._deferred, (held.free_at_s, seg.generation, segment_id,
+                                            held.offset, held.size_bytes))  # fmt: skip
+        else:
+            self._free_extent(seg, held.offset, held.size_bytes)
+
+    def _lose_replica(self, slot: int, replica: Replica, *, ghost: bool = False) -> None:
+        """Drop one replica of a committed object; delete the object if it was the last."""
+        key = self._key[slot]
+        assert key is not None
+        replicas = tuple(r for r in self._replicas(slot) if r != replica)
+        self._set_replicas(slot, replicas)
+        self._free(slot, [replica], self._protected_until(slot), ghost=ghost)
+        self.counters["replicas_dropped"] += 1
+        if replicas:
+            self._dirty[key] = True
+        else:
+            self._release_slot(slot)
+            self._dirty[key] = False
+
+    def _forget_replica(self, slot: int, replica: Replica) -> None:
+        """Drop a restored replica its segment does not vouch for (it was never reserved)."""
+        key = self._key[slot]
+        assert key is not None
+        replicas = tuple(r for r in self._replicas(slot) if r != replica)
+        self._set_replicas(slot, replicas)
+        self.counters["replicas_dropped"] += 1
+        if replicas:
+            self._dirty[key] = True
+            if len(replicas) < self._wanted[slot]:
+                self.under_replicated.add(key)
+            return
+        self._release_slot(slot)
+        self._dirty[key] = False
+
+    def _delete(self, slot: int, free_at_s: float) -> None:
+        key = self._key[slot]
+        assert key is not None
+        if self._state[slot] != COMPLETE:
+            self._unpend(slot, self._replicas(slot))
+        self._free(slot, self._replicas(slot), free_at_s)
+        self._release_slot(slot)
+        self._pending.pop(key, None)
+        self._dirty.pop(key, None)
