@@ -1,0 +1,307 @@
+"""The master service's put methods: PutStart, PutEnd (commits made durable, then visible),
+allocation leases (BatchLeasedPut, `leases.py`) and PutRevoke.
+
+`PutMethods` is a base of `MasterServicer` (service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.common.errors import MooncakeError, NoSpaceError, ObjectNotFoundError
+from mooncake_store.common.grant import GrantMode
+from mooncake_store.master.batches import capped, each, pause_every
+from mooncake_store.master.columns import COMPLETE
+from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
+from mooncake_store.master.object_table import PutStartOutcome
+from mooncake_store.master.objects import ObjectMeta
+from mooncake_store.master.service_base import _OK, ServicerBase, _location, _status
+
+log = logging.getLogger("mooncake.master")
+
+
+class PutMethods(ServicerBase):
+    """The put methods (see the module docstring)."""
+
+    # ---- puts --------------------------------------------------------------------------------
+
+    def _put_start(self, item: pb.PutStartItem, owner: int = 0) -> pb.PutStartResult:
+        try:
+            outcome = self._put_start_room(item, owner)
+        except MooncakeError as exc:
+            return pb.PutStartResult(status=_status(exc))
+        if outcome.already_exists:  # with the stored checksum: a different value is a conflict
+            meta = self.table.get(item.key)
+            if meta is None:
+                return pb.PutStartResult(status=_OK, already_exists=True)
+            return pb.PutStartResult(
+                status=_OK,
+                already_exists=True,
+                existing_checksum=meta.checksum,
+                has_existing_checksum=True,
+            )
+        return pb.PutStartResult(
+            status=_OK,
+            replicas=[
+                _location(
+                    seg,
+                    r,
+                    item.size_bytes,
+                    outcome.deadline_s,
+                    GrantMode.WRITE,
+                    outcome.generation,
+                )
+                for seg, r in outcome.placements
+            ],
+        )
+
+    def _put_start_room(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
+        """put_start; out of room, unused allocation leases are given back and it tries again."""
+        try:
+            return self._put_start_once(item, owner)
+        except NoSpaceError:
+            if not release_all(self.table):
+                raise
+        return self._put_start_once(item, owner)
+
+    def _put_start_once(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
+        return self.table.put_start(
+            item.key,
+            item.size_bytes,
+            item.replicas,
+            fingerprint=item.fingerprint,
+            parent_key=item.parent_key,
+            tag=item.tag,
+            pin_ttl_s=item.pin_ttl_s if item.pin else None,
+            owner=owner,
+            soft_pin_ttl_s=item.soft_pin_ttl_s,
+            preferred_nodes=item.preferred_nodes,
+        )
+
+    async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
+        return (await self._put_start_batch([request], context))[0]
+
+    async def _put_start_batch(
+        self, items: list[pb.PutStartItem], context: object
+    ) -> list[pb.PutStartResult]:
+        owner = self._owner(context)
+        results = await each(items, lambda i: self._put_start(i, owner))
+        try:
+            await self.persist_dirty()  # evicted blocks are gone for good before their space
+        except Exception as exc:  # is reused: when that cannot be written, nobody gets it
+            log.error("persisting evictions for %d puts failed: %s", len(items), exc)
+            failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+            for item, result in zip(items, results, strict=True):
+                if result.replicas:
+                    try:
+                        self.table.put_revoke(item.key)
+                    except MooncakeError:
+                        pass  # its node died meanwhile: already gone
+                    result.Clear()
+                    result.status.CopyFrom(failure)
+        return results
+
+    @capped("items")
+    async def BatchPutStart(
+        self, request: pb.BatchPutStartRequest, context: object
+    ) -> pb.BatchPutStartResponse:
+        return pb.BatchPutStartResponse(
+            results=await self._put_start_batch(list(request.items), context)
+        )
+
+    def _owner(self, context: object) -> int:
+        """Who started a put, so that its pending puts end when its connection does: a framed
+        connection names itself (`owner_id`) and reports its close (`connection_closed`); a
+        gRPC connection is named by its peer address, and the tick finds it gone."""
+        owner = getattr(context, "owner_id", 0)
+        if owner:
+            return int(owner)
+        peer = getattr(context, "peer", None)
+        return self.grpc_owners.owner_for(peer()) if callable(peer) else 0
+
+    def connection_closed(self, owner: int) -> None:
+        """A client connection closed: its pending puts will never end, revoke them now."""
+        revoked = self.table.revoke_owner(owner)
+        if revoked:
+            log.info("revoked %d pending puts of a client that disconnected", len(revoked))
+
+    def _repeated_put_end(self, item: pb.PutEndItem) -> pb.PutEndResult | None:
+        """The reply to a PutEnd of a put already sealed with the same checksum (a retry whose
+        first reply was lost): success once it is committed, None while it is being made
+        durable (the caller waits for that commit)."""
+        found = self.table.committed_as(item.key, item.checksum)
+        if found is None:
+            return None
+        state, replicas = found
+        if state == COMPLETE:
+            self.table.counters["put_ends_repeated"] += 1
+            return pb.PutEndResult(status=_OK, replicas=replicas)
+        return None
+
+    async def _put_end(self, items: list[pb.PutEndItem]) -> list[pb.PutEndResult]:
+        results: list[pb.PutEndResult | None] = []
+        sealed: list[ObjectMeta] = []
+        waits: list[asyncio.Future[None]] = []
+        for done, item in enumerate(items):
+            await pause_every(done)
+            repeated = self._repeated_put_end(item)
+            if repeated is not None:
+                results.append(repeated)
+                continue
+            committing = self._committing.get(item.key)
+            if committing is not None:  # the first PutEnd is being made durable: wait for it
+                waits.append(committing)
+                results.append(None)
+                continue
+            try:
+                sealed.append(self.table.put_end(item.key, item.checksum, item.failed_segments))
+                results.append(None)
+            except MooncakeError as exc:
+                results.append(pb.PutEndResult(status=_status(exc)))
+        committed = await self._commit(sealed) if sealed else {}
+        if waits:
+            await asyncio.gather(*waits)
+        out: list[pb.PutEndResult] = []
+        for item, result in zip(items, results, strict=True):
+            if result is None:
+                result = committed.get(item.key) or self._repeated_put_end(item)
+            if result is None:  # waited for a commit that failed, or sealed differently
+                lost = ObjectNotFoundError(
+                    f"the put of {item.key!r} was not committed (its commit failed or was "
+                    "revoked, or it was sealed with another checksum)"
+                )
+                result = pb.PutEndResult(status=_status(lost))
+            out.append(result)
+        return out
+
+    async def _commit(self, sealed: list[ObjectMeta]) -> dict[str, pb.PutEndResult]:
+        """Make sealed puts durable, then visible; a repeated PutEnd of one of them meanwhile
+        waits for this (`_committing`) and reads the outcome from the table."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for meta in sealed:
+            self._committing[meta.key] = done
+        out: dict[str, pb.PutEndResult] = {}
+        try:
+            # With no other put in flight there is nobody to group with: commit now.
+            await self.store.write(puts=sealed, alone=not self.table.puts_in_flight())
+        except Exception as exc:
+            log.error("committing %d objects to RocksDB failed: %s", len(sealed), exc)
+            failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
+            for meta in sealed:
+                try:
+                    self.table.put_revoke(meta.key)
+                except MooncakeError:
+                    pass  # its node died meanwhile: already gone
+                out[meta.key] = pb.PutEndResult(status=failure)
+            self.table.mark_dirty(m.key for m in sealed)  # the write may have landed: delete
+        else:
+            for meta in sealed:
+                try:
+                    out[meta.key] = pb.PutEndResult(
+                        status=_OK, replicas=self.table.commit_put_end(meta.key)
+                    )
+                except MooncakeError as exc:
+                    out[meta.key] = pb.PutEndResult(status=_status(exc))
+        finally:
+            for meta in sealed:
+                if self._committing.get(meta.key) is done:
+                    del self._committing[meta.key]
+            done.set_result(None)
+        return out
+
+    async def PutEnd(self, request: pb.PutEndItem, context: object) -> pb.PutEndResult:
+        return (await self._put_end([request]))[0]
+
+    @capped("items")
+    async def BatchPutEnd(
+        self, request: pb.BatchPutEndRequest, context: object
+    ) -> pb.BatchPutEndResponse:
+        results = await self._put_end(list(request.items))
+        if not request.next:
+            return pb.BatchPutEndResponse(results=results)
+        leases = await self._grant_leases(request.next, self._owner(context))
+        return pb.BatchPutEndResponse(results=results, leases=leases)
+
+    # ---- allocation leases (issue 14, master/leases.py) --------------------------------------
+
+    async def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
+        out: list[pb.Lease] = []
+        now = self.table._clock()
+        for want in wanted[:16]:
+            for lease_id, outcome in grant_leases(
+                self.table, want.size_bytes, want.replicas, want.count, owner
+            ):
+                out.append(pb.Lease(
+                    lease_id=lease_id, size_bytes=want.size_bytes,
+                    replicas=[_location(seg, r, want.size_bytes, outcome.deadline_s,
+                                        GrantMode.WRITE, outcome.generation)
+                              for seg, r in outcome.placements],
+                    expires_in_s=outcome.deadline_s - now, wanted_replicas=want.replicas,
+                ))  # fmt: skip
+        if out:
+            await self.persist_dirty()  # evicted blocks are gone before the space is reused
+        return out
+
+    async def BatchLeasedPut(
+        self, request: pb.BatchLeasedPutRequest, context: object
+    ) -> pb.BatchLeasedPutResponse:
+        """Commit values written into leases; release leases given back; grant the next."""
+        results: list[pb.LeasedPutResult | None] = []
+        sealed: list[ObjectMeta] = []
+        for item in request.items:
+            spec = item.spec
+            repeated = self.table.committed_as(spec.key, item.checksum)
+            if (
+                repeated is not None
+                and repeated[0] == COMPLETE
+                and (item.lease_id not in self.table._lease_keys)
+            ):  # a retry whose first reply was lost: that commit used the lease
+                results.append(pb.LeasedPutResult(status=_OK, replicas=repeated[1]))
+                continue
+            try:
+                meta = put_leased(
+                    self.table, item.lease_id, spec.key, spec.size_bytes, item.checksum,
+                    failed_segments=tuple(item.failed_segments), replicas=spec.replicas,
+                    fingerprint=spec.fingerprint, parent_key=spec.parent_key, tag=spec.tag,
+                    pin_ttl_s=spec.pin_ttl_s if spec.pin else None,
+                    soft_pin_ttl_s=spec.soft_pin_ttl_s,
+                )  # fmt: skip
+            except MooncakeError as exc:
+                release_lease(self.table, item.lease_id)
+                results.append(pb.LeasedPutResult(status=_status(exc)))
+                continue
+            if meta is None:
+                results.append(pb.LeasedPutResult(status=_OK, already_exists=True))
+            else:
+                sealed.append(meta)
+                results.append(None)
+        committed = await self._commit(sealed) if sealed else {}
+        for lease_id in request.release:
+            release_lease(self.table, lease_id)
+        out: list[pb.LeasedPutResult] = []
+        for item, result in zip(request.items, results, strict=True):
+            if result is None:
+                end = committed[item.spec.key]
+                result = pb.LeasedPutResult(status=end.status, replicas=end.replicas)
+            out.append(result)
+        leases = await self._grant_leases(request.next, self._owner(context))
+        return pb.BatchLeasedPutResponse(results=out, leases=leases)
+
+    # ---- revokes -----------------------------------------------------------------------------
+
+    def _revoke(self, key: str) -> pb.Status:
+        try:
+            self.table.put_revoke(key)
+            return _OK
+        except MooncakeError as exc:
+            return _status(exc)
+
+    async def PutRevoke(self, request: pb.KeyRequest, context: object) -> pb.Status:
+        return self._revoke(request.key)
+
+    @capped("keys")
+    async def BatchPutRevoke(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
+        return pb.StatusesResponse(statuses=await each(request.keys, self._revoke))
