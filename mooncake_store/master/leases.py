@@ -5,7 +5,7 @@ lease's extents it already holds, and one `BatchLeasedPut` names the key, seals 
 and hands out the next lease.  Two-phase visibility is kept because a lease *is* a pending put
 under a placeholder key nobody else can name (an unguessable random suffix): it holds its
 extents, counts as pending space, ends with its owner's connection or after `put_timeout_s`,
-and dies with its node, through the same rules as every pending put (object_table.py).
+and dies with its node, through the same rules as every pending put (puts.py).
 Committing renames the pending put to the real key and seals it (`put_end`): the object is
 invisible until its commit is durable, exactly as a two-phase put is.
 

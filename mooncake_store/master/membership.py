@@ -22,7 +22,7 @@ core: no I/O, time from the table's injected clock).
 
 `Membership` is a base of `ObjectTable`: dropping a segment drops its replicas from the objects'
 columns, so both share the table's state; this module holds only the rules about nodes and
-segments, `object_table.py` those about objects.
+segments, `object_table.py` and its other bases (see there) those about objects.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ extent back when the copy failed.  A copy in flight is named by its destination 
 generation and offset, so a copy planned before the segment was mounted again is a no-op
 that never touches the new mount's space.  `drop_replica` and `hold` serve the same planners.
 
-`ReplicaRelocation` is a base of `ObjectTable` (object_table.py, which owns frees and the
-eviction policy) on top of `Membership` (membership.py: nodes and segments).
+`ReplicaRelocation` is a base of `ObjectTable` (object_table.py; frees are in frees.py, the
+eviction glue in victims.py) on top of `Membership` (membership.py: nodes and segments).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _log_stale(key: str, dst: Segment, offset: int) -> None:
 class ReplicaRelocation(Membership):
     """Moves and copies of replicas (see the module docstring)."""
 
-    if TYPE_CHECKING:  # provided by ObjectTable
+    if TYPE_CHECKING:  # provided by ExtentFrees (frees.py)
 
         def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None: ...
         def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None: ...
