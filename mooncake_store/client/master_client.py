@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -31,20 +30,28 @@ from mooncake_store.client.framed_channel import (
     FramedChannel,
     FramedEndpoint,
 )
-from mooncake_store.client.types import (
-    KeyInfo,
-    ObjectInfo,
-    PutPlan,
-    PutSpec,
-    ReplicaInfo,
-    ReplicaList,
-    ReplicaLocation,
-    Retry,
-)
+
+# The calls as values and the reply parsers live in master_calls.py; importable from here too.
+from mooncake_store.client.master_calls import MasterCall as MasterCall
+from mooncake_store.client.master_calls import _location as _location
+from mooncake_store.client.master_calls import _replica_list as _replica_list
+from mooncake_store.client.master_calls import _replica_lists as _replica_lists
+from mooncake_store.client.master_calls import describe_call as describe_call
+from mooncake_store.client.master_calls import exists_call as exists_call
+from mooncake_store.client.master_calls import get_prefix_call as get_prefix_call
+from mooncake_store.client.master_calls import get_replica_list_call as get_replica_list_call
+from mooncake_store.client.master_calls import list_keys_call as list_keys_call
+from mooncake_store.client.master_calls import prefix_match_call as prefix_match_call
+from mooncake_store.client.master_calls import put_end_call as put_end_call
+from mooncake_store.client.master_calls import put_revoke_call as put_revoke_call
+from mooncake_store.client.master_calls import put_start_call as put_start_call
+from mooncake_store.client.master_calls import remove_call as remove_call
+from mooncake_store.client.master_calls import report_corrupt_call as report_corrupt_call
+from mooncake_store.client.master_calls import status_error as status_error
+from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, Retry
 from mooncake_store.common.auth import Role, bearer
 from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.errors import (
-    OK,
     AccessDeniedError,
     InvalidArgumentError,
     MasterTimeoutError,
@@ -52,7 +59,6 @@ from mooncake_store.common.errors import (
     MooncakeError,
     RpcError,
     TlsError,
-    error_for_code,
 )
 from mooncake_store.common.grpc_options import DEFAULT_MAX_MESSAGE_BYTES, message_options
 from mooncake_store.common.tls import (
@@ -82,39 +88,12 @@ class _TimedOut(Exception):
     """The request went out and no reply came in time (it may have run)."""
 
 
-def _location(loc: pb.ReplicaLocation) -> ReplicaLocation:
-    return ReplicaLocation(
-        loc.node_id,
-        loc.segment_id,
-        loc.endpoint,
-        loc.shm_socket,
-        loc.offset,
-        loc.size_bytes,
-        bytes(loc.grant),
-        loc.tier or "DRAM",
-    )
-
-
-def _replica_list(result: pb.ReplicaListResult) -> ReplicaList | MooncakeError:
-    err = status_error(result.status)
-    if err is not None:
-        return err
-    replicas = [_location(r) for r in result.replicas]
-    return ReplicaList(
-        result.size_bytes, result.checksum, replicas, bytes(result.tag), result.parent_key
-    )
-
-
 def _host_of(address: str) -> str | None:
     """The host part of a plain host:port address, or None for other gRPC target forms."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "/" in host:
         return None
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def status_error(status: pb.Status) -> MooncakeError | None:
-    return None if status.code == OK else error_for_code(status.code, status.message)
 
 
 class MasterClient:
@@ -366,172 +345,3 @@ class MasterClient:
     async def list_nodes(self) -> pb.ListNodesResponse:
         reply = await self._call("ListNodes", pb.ListNodesRequest(), idempotent=True)
         return reply  # type: ignore[no-any-return]
-
-
-# ---- calls as values -------------------------------------------------------------------------
-# A MasterCall is a request and the function that parses its reply.  The client's operations
-# yield them (see AsyncClient._drive): the async client awaits them on the MasterClient, the sync
-# Client sends them on a blocking framed socket of the calling thread.
-
-
-@dataclass(frozen=True, slots=True)
-class MasterCall(Generic[R]):
-    """A request, the function that parses its reply, and whether sending it twice is safe
-    (the master's answer and state are the same after a repeat): only such calls are retried
-    after they may have reached the master."""
-
-    name: str
-    request: Message
-    parse: Callable[[Any], R]
-    idempotent: bool = False
-
-
-def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | MooncakeError]]:
-    request = pb.BatchPutStartRequest(
-        items=[
-            pb.PutStartItem(
-                key=i.key,
-                size_bytes=i.size_bytes,
-                replicas=i.replicas,
-                fingerprint=i.fingerprint,
-                parent_key=i.parent_key,
-                tag=i.tag,
-                pin=i.pin,
-                pin_ttl_s=i.pin_ttl_s,
-                soft_pin_ttl_s=i.soft_pin_ttl_s,
-                preferred_nodes=i.preferred_nodes,
-            )
-            for i in items
-        ]
-    )
-
-    def parse(reply: pb.BatchPutStartResponse) -> list[PutPlan | MooncakeError]:
-        out: list[PutPlan | MooncakeError] = []
-        for result in reply.results:
-            err = status_error(result.status)
-            out.append(
-                err
-                or PutPlan(
-                    result.already_exists,
-                    [_location(r) for r in result.replicas],
-                    result.existing_checksum if result.has_existing_checksum else None,
-                )
-            )
-        return out
-
-    return MasterCall("BatchPutStart", request, parse)
-
-
-def put_end_call(
-    items: Sequence[tuple[str, int, Sequence[int]]],
-) -> MasterCall[list[int | MooncakeError]]:
-    request = pb.BatchPutEndRequest(
-        items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
-    )
-    # Idempotent: the master answers a repeated PutEnd of a put it committed with the same
-    # checksum as it answered the first (a retry whose first reply was lost reports success).
-    return MasterCall(
-        "BatchPutEnd",
-        request,
-        lambda reply: [status_error(r.status) or r.replicas for r in reply.results],
-        idempotent=True,
-    )
-
-
-def put_revoke_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
-    return MasterCall(
-        "BatchPutRevoke",
-        pb.KeysRequest(keys=keys),
-        lambda reply: [status_error(s) for s in reply.statuses],
-    )
-
-
-def _replica_lists(reply: pb.BatchGetReplicaListResponse) -> list[ReplicaList | MooncakeError]:
-    return [_replica_list(r) for r in reply.results]
-
-
-def get_replica_list_call(
-    keys: Sequence[str], fingerprint: bytes = b""
-) -> MasterCall[list[ReplicaList | MooncakeError]]:
-    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("BatchGetReplicaList", request, _replica_lists, idempotent=True)
-
-
-def get_prefix_call(
-    keys: Sequence[str], fingerprint: bytes = b""
-) -> MasterCall[list[ReplicaList | MooncakeError]]:
-    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("GetPrefix", request, _replica_lists, idempotent=True)
-
-
-def prefix_match_call(keys: Sequence[str], fingerprint: bytes = b"") -> MasterCall[int]:
-    request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("PrefixMatch", request, lambda reply: int(reply.matched), idempotent=True)
-
-
-def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:
-    return MasterCall(
-        "BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists), idempotent=True
-    )
-
-
-def report_corrupt_call(
-    reports: Sequence[tuple[str, int, Sequence[ReplicaLocation]]],
-) -> MasterCall[list[MooncakeError | None]]:
-    """Report objects (key, the checksum given, the replicas read) whose every replica failed
-    its checksum; the master deletes those still stored exactly so."""
-    request = pb.ReportCorruptRequest(
-        reports=[
-            pb.CorruptReport(
-                key=key,
-                checksum=checksum,
-                replicas=[pb.ReplicaRef(segment_id=r.segment_id, offset=r.offset) for r in locs],
-            )
-            for key, checksum, locs in reports
-        ]
-    )
-    return MasterCall(
-        "BatchReportCorrupt",
-        request,
-        lambda reply: [status_error(s) for s in reply.statuses],
-    )
-
-
-def remove_call(
-    keys: Sequence[str], *, unless_leased: bool = False
-) -> MasterCall[list[MooncakeError | None]]:
-    return MasterCall(
-        "BatchRemove",
-        pb.KeysRequest(keys=keys, unless_leased=unless_leased),
-        lambda reply: [status_error(s) for s in reply.statuses],
-    )
-
-
-def list_keys_call(
-    cursor: str, limit: int, prefix: str = ""
-) -> MasterCall[tuple[list[KeyInfo], str]]:
-    """One page of the committed keys and the cursor of the next ("" after the last)."""
-
-    def parse(reply: pb.ListKeysResponse) -> tuple[list[KeyInfo], str]:
-        keys = [KeyInfo(k.key, k.size_bytes, k.replicas) for k in reply.keys]
-        return keys, reply.next_cursor
-
-    request = pb.ListKeysRequest(cursor=cursor, limit=limit, prefix=prefix)
-    return MasterCall("ListKeys", request, parse)
-
-
-def describe_call(keys: Sequence[str]) -> MasterCall[list[ObjectInfo | MooncakeError]]:
-    """Sizes and placement of committed objects (no lease, counts no access)."""
-
-    def parse(reply: pb.BatchDescribeResponse) -> list[ObjectInfo | MooncakeError]:
-        out: list[ObjectInfo | MooncakeError] = []
-        for r in reply.results:
-            err = status_error(r.status)
-            replicas = [
-                ReplicaInfo(i.node_id, i.segment_id, i.endpoint, i.tier, i.offset)
-                for i in r.replicas
-            ]
-            out.append(err or ObjectInfo(r.size_bytes, replicas))
-        return out
-
-    return MasterCall("BatchDescribe", pb.KeysRequest(keys=keys), parse)
