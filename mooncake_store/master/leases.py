@@ -25,15 +25,13 @@ import os
 from typing import TYPE_CHECKING
 
 from mooncake_store.common.errors import (
-    IdentityMismatchError,
     InvalidValueError,
     MooncakeError,
-    ObjectBusyError,
     ObjectConflictError,
     ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
-from mooncake_store.master.columns import COMPLETE, PROCESSING
+from mooncake_store.master.columns import PROCESSING
 from mooncake_store.master.objects import ObjectMeta
 
 if TYPE_CHECKING:
@@ -118,18 +116,7 @@ def put_leased(
     )  # fmt: skip
     existing = table._slot.get(key)
     if existing is not None:
-        if table._state[existing] != COMPLETE:
-            raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
-        if any(r.segment_id in table._segments for r in table._replicas(existing)):
-            stored = table._fingerprint[existing]
-            if stored != fingerprint:
-                raise IdentityMismatchError(
-                    f"{key!r} is already stored under another identity "
-                    f"({stored.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
-                )
-            if pin_until > table._cold_get(existing, "pin_until_s"):
-                table._cold_set(existing, "pin_until_s", pin_until)
-                table._dirty[key] = True
+        if table._stored_again(existing, key, fingerprint, pin_until):
             if table._checksum[existing] != checksum:  # not a duplicate: the client puts it
                 raise ObjectConflictError(  # the two-phase way, which reports the conflict
                     f"{key!r} is already stored with a different value"

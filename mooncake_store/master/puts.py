@@ -116,18 +116,7 @@ class PutLifecycle(EvictionVictims):
         )  # fmt: skip
         slot = self._slot.get(key)
         if slot is not None:
-            if self._state[slot] != COMPLETE:
-                raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
-            if any(r.segment_id in self._segments for r in self._replicas(slot)):
-                stored = self._fingerprint[slot]
-                if stored != fingerprint:
-                    raise IdentityMismatchError(
-                        f"{key!r} is already stored under another identity "
-                        f"({stored.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
-                    )
-                if pin_until > self._cold_get(slot, "pin_until_s"):
-                    self._cold_set(slot, "pin_until_s", pin_until)
-                    self._dirty[key] = True
+            if self._stored_again(slot, key, fingerprint, pin_until):
                 self.counters["puts_deduplicated"] += 1
                 return PutStartOutcome(True, [], 0.0)
             # Restored after a master restart but none of its nodes is back: write it again
@@ -210,6 +199,30 @@ class PutLifecycle(EvictionVictims):
             self._owner_of.pop(key, None)
         self.counters["puts_started"] += 1
         return PutStartOutcome(False, placements, deadline, generation)
+
+    def _stored_again(self, slot: int, key: str, fingerprint: bytes, pin_until: float) -> bool:
+        """A put (two-phase or leased) of a key that has a slot: True when a replica of it is
+        on a mounted node (the put is a duplicate; a longer pin is kept), False when none is
+        (restored, but none of its nodes came back: the caller deletes it and writes again).
+
+        Raises:
+            ObjectBusyError: a put of the key is in progress.
+            IdentityMismatchError: the key is stored under another identity.
+        """
+        if self._state[slot] != COMPLETE:
+            raise ObjectBusyError(f"a put of {key!r} is in progress; retry after it ends")
+        if not any(r.segment_id in self._segments for r in self._replicas(slot)):
+            return False
+        stored = self._fingerprint[slot]
+        if stored != fingerprint:
+            raise IdentityMismatchError(
+                f"{key!r} is already stored under another identity "
+                f"({stored.hex() or 'none'}, not {fingerprint.hex() or 'none'})"
+            )
+        if pin_until > self._cold_get(slot, "pin_until_s"):
+            self._cold_set(slot, "pin_until_s", pin_until)
+            self._dirty[key] = True
+        return True
 
     def _intern_fingerprint(self, fingerprint: bytes) -> bytes:
         """One bytes object per engine identity, shared by all its blocks (a cluster has a
