@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import click
 
 from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.tls import TlsConfig
 from mooncake_store.common.units import parse_duration, parse_size
 
 C = TypeVar("C")
@@ -70,6 +71,29 @@ def size_field(default: int, help: str = "", *, flag: str | None = None) -> Any:
 
 def duration_field(default: float, help: str = "", *, flag: str | None = None) -> Any:
     return setting(default, help, kind="duration", flag=flag)
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsSettings:
+    """The TLS settings both daemons take (PEM paths, common/tls.py): cert + key serve TLS on
+    every TCP listener of the daemon; a base of MasterConfig and NodeConfig."""
+
+    tls_cert: str = setting(
+        "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert.")
+    tls_ca: str = setting(
+        "",
+        "PEM CA that signed the cluster's certificates: peers are verified against it, and "
+        "clients must present a certificate it signed.",
+    )
+    tls_require_client_cert: bool = setting(
+        True, "With --tls-ca: refuse clients without a certificate."
+    )
+
+    @property
+    def tls(self) -> TlsConfig:
+        return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
 
 def public_name(field: dataclasses.Field[Any]) -> str:

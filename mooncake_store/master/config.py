@@ -10,16 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
-from mooncake_store.common.config import duration_field, setting, size_field
+from mooncake_store.common.config import TlsSettings, duration_field, setting, size_field
 from mooncake_store.common.credentials import is_loopback
 from mooncake_store.common.errors import InvalidArgumentError
-from mooncake_store.common.tls import TlsConfig
 
 DEFAULT_MASTER_PORT = 50051
 
 
 @dataclass(frozen=True)
-class MasterConfig:
+class MasterConfig(TlsSettings):
     host: str = setting("127.0.0.1", "Address to bind.")
     port: int = setting(DEFAULT_MASTER_PORT, "gRPC port; 0 picks a free one (printed at start).")
     framed_port: int = setting(
@@ -129,19 +128,6 @@ class MasterConfig:
     stop_grace_s: float = duration_field(
         2.0, "On SIGTERM, how long in-flight calls get before the master stops."
     )
-    # TLS (common/tls.py): PEM paths; cert + key serve TLS on gRPC and the framed endpoint.
-    tls_cert: str = setting(
-        "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
-    )
-    tls_key: str = setting("", "PEM private key of --tls-cert.")
-    tls_ca: str = setting(
-        "",
-        "PEM CA that signed the cluster's certificates: peers are verified against it, and "
-        "clients must present a certificate it signed.",
-    )
-    tls_require_client_cert: bool = setting(
-        True, "With --tls-ca: refuse clients without a certificate."
-    )
     advertise_host: str = setting(
         "",
         "Host clients dial the framed endpoint at (sent in Hello; never a wildcard); "
@@ -159,10 +145,6 @@ class MasterConfig:
         "--host.",
         choices=("on", "off"),
     )
-
-    @property
-    def tls(self) -> TlsConfig:
-        return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
     def __post_init__(self) -> None:
         self.tls.check_daemon()

@@ -10,13 +10,12 @@ import grp
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
-from mooncake_store.common.config import duration_field, setting, size_field
+from mooncake_store.common.config import TlsSettings, duration_field, setting, size_field
 from mooncake_store.common.errors import InvalidArgumentError
-from mooncake_store.common.tls import TlsConfig
 
 
 @dataclass(frozen=True)
-class NodeConfig:
+class NodeConfig(TlsSettings):
     master: str = setting("127.0.0.1:50051", "Master address host:port.")
     host: str = setting("127.0.0.1", "Address to bind.")
     advertise_host: str = setting(
@@ -78,19 +77,6 @@ class NodeConfig:
         "Deadline of connecting to and each read from the source node when the master has "
         "this node fetch a replica.",
     )
-    # TLS (common/tls.py): PEM paths; cert + key serve TLS on the data port and control service.
-    tls_cert: str = setting(
-        "", "PEM certificate chain: serve TLS on every TCP listener (off: unset)."
-    )
-    tls_key: str = setting("", "PEM private key of --tls-cert.")
-    tls_ca: str = setting(
-        "",
-        "PEM CA that signed the cluster's certificates: peers are verified against it, and "
-        "clients must present a certificate it signed.",
-    )
-    tls_require_client_cert: bool = setting(
-        True, "With --tls-ca: refuse clients without a certificate."
-    )
     shm_group: str = setting(
         "", "Group (name or gid) whose members, besides this uid, may map the pool (unset: none)."
     )
@@ -101,10 +87,6 @@ class NodeConfig:
         "unset: MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then the master's local token file (same "
         "host, same user).  Required with a non-loopback --host.",
     )
-
-    @property
-    def tls(self) -> TlsConfig:
-        return TlsConfig(self.tls_cert, self.tls_key, self.tls_ca, self.tls_require_client_cert)
 
     @property
     def shm_group_gid(self) -> int | None:
