@@ -11,11 +11,16 @@ from the pool or the TCP reply, verified as one object, with no staging buffer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from mooncake_store.client.device import HostStaging, PinnedStaging, device_bytes, is_device_buffer
+from mooncake_store.client.device import (
+    DeviceParts,
+    DeviceTarget,
+    HostStaging,
+    PinnedStaging,
+    device_target,
+)
 from mooncake_store.client.master_client import (
     MasterCall,
     get_prefix_call,
@@ -23,6 +28,7 @@ from mooncake_store.client.master_client import (
     prefix_match_call,
     report_corrupt_call,
 )
+from mooncake_store.client.recv_pipeline import PipelinedReceive
 from mooncake_store.client.steps import (
     Flow,
     LocalPools,
@@ -40,6 +46,7 @@ from mooncake_store.client.types import PrefixRead, ReplicaList, ReplicaLocation
 from mooncake_store.common.errors import (
     BufferTooSmallError,
     ChecksumMismatchError,
+    DataPathError,
     GrantExpiredError,
     InvalidArgumentError,
     MooncakeError,
@@ -118,10 +125,10 @@ class ReadFlows(LocalPools):
             if done:  # the rest (not same-host, or a replica failed) through host staging
                 rest = [n for n in range(len(infos)) if n not in done]
                 yield from self._read_all([keys[n] for n in rest], [infos[n] for n in rest],
-                                          [[views[n]] for n in rest], fingerprint)  # fmt: skip
+                                          [views[n] for n in rest], fingerprint)  # fmt: skip
                 devices = [d for d in devices if d[0] not in done]
             else:
-                yield from self._read_all(keys, infos, [[v] for v in views], fingerprint)
+                yield from self._read_all(keys, infos, views, fingerprint)
             self._to_devices(devices, infos)
         finally:
             self._release(staged)
@@ -163,32 +170,37 @@ class ReadFlows(LocalPools):
 
     def _targets(
         self, buffers: Sequence[object]
-    ) -> tuple[list[memoryview], list[tuple[int, Any, np.ndarray]]]:
-        """Host views to read into; device buffers get a pinned staging buffer each."""
-        views: list[memoryview] = []
-        devices: list[tuple[int, Any, np.ndarray]] = []
+    ) -> tuple[list[list[memoryview]], list[tuple[int, DeviceTarget, np.ndarray]]]:
+        """The destination parts of each read; a device buffer gets host staging (pinned for
+        CUDA memory) and DeviceParts, which a TCP read fills by the pipeline."""
+        views: list[list[memoryview]] = []
+        devices: list[tuple[int, DeviceTarget, np.ndarray]] = []
         for i, buf in enumerate(buffers):
-            if is_device_buffer(buf):
-                dev = device_bytes(buf)
-                host = self._pinned.take(dev.nbytes)
-                devices.append((i, dev, host))
-                views.append(as_writable(host))
+            target = device_target(buf)
+            if target is not None:
+                if target.cuda is not None:
+                    host = self._pinned.take(target.nbytes)
+                else:
+                    host = np.empty(target.nbytes, dtype=np.uint8)
+                target.delivered = False
+                devices.append((i, target, host))
+                views.append(DeviceParts(as_writable(host), target))
             else:
-                views.append(as_writable(buf))
+                views.append([as_writable(buf)])
         return views, devices
 
     def _read_devices(
         self,
         keys: Sequence[str],
         infos: Sequence[ReplicaList],
-        devices: list[tuple[int, Any, np.ndarray]],
+        devices: list[tuple[int, DeviceTarget, np.ndarray]],
     ) -> Flow[set[int]]:
         """Read straight into device buffers what a same-host replica holds: one DMA from a
         mapped DRAM pool, or a device-to-device copy from the node's GPU tier (client/cuda.py),
         verified in parallel.  Returns the indices served; the others (and any replica that
         failed its checksum) take the staged path, which tries every replica again."""
-        wanted = [(i, dev) for i, dev, _ in devices
-                  if i < len(infos) and dev.nbytes >= infos[i].size_bytes]  # fmt: skip
+        wanted = [(i, t.cuda) for i, t, _ in devices if t.cuda is not None
+                  and i < len(infos) and t.nbytes >= infos[i].size_bytes]  # fmt: skip
         if not wanted or not self.local_shm:
             return set()
         yield MapPools([loc for i, _ in wanted for loc in infos[i].replicas])
@@ -218,16 +230,17 @@ class ReadFlows(LocalPools):
         return done
 
     def _to_devices(
-        self, devices: list[tuple[int, Any, np.ndarray]], infos: Sequence[ReplicaList]
+        self, devices: list[tuple[int, DeviceTarget, np.ndarray]], infos: Sequence[ReplicaList]
     ) -> None:
-        for i, dev, host in devices:
-            if i < len(infos):
-                n = infos[i].size_bytes
-                dev[:n].set(host[:n])  # host-to-device from pinned memory
+        """Upload what a read left in host staging (a pipelined TCP read already delivered)."""
+        for i, target, host in devices:
+            if i < len(infos) and not target.delivered and infos[i].size_bytes:
+                target.upload(as_writable(host)[: infos[i].size_bytes])
 
-    def _release(self, devices: list[tuple[int, Any, np.ndarray]]) -> None:
-        for _, _, host in devices:
-            self._pinned.give(host)
+    def _release(self, devices: list[tuple[int, DeviceTarget, np.ndarray]]) -> None:
+        for _, target, host in devices:
+            if target.cuda is not None:
+                self._pinned.give(host)
 
     def _checked(
         self, keys: Sequence[str], results: Sequence[ReplicaList | MooncakeError]
@@ -273,9 +286,10 @@ class ReadFlows(LocalPools):
             if held < info.size_bytes:
                 raise self._too_small(key, held, info)
         trimmed = [
-            [p for p in trim_parts(parts, info.size_bytes) if len(p)]
+            parts.trimmed(info.size_bytes) if isinstance(parts, DeviceParts)
+            else [p for p in trim_parts(parts, info.size_bytes) if len(p)]
             for info, parts in zip(infos, dests, strict=False)
-        ]
+        ]  # fmt: skip
         errors: list[MooncakeError | None] = [None] * len(trimmed)
         remote = [
             n for n, (info, parts) in enumerate(zip(infos, trimmed, strict=False))
@@ -380,19 +394,28 @@ class ReadFlows(LocalPools):
                         break
                     failed[n].append(loc)
             results: list[MooncakeError | None] = []
-            reads = [
-                Transfer(Op.READ, loc, _buffer(remote[n][2]), Hasher()) for n, loc in transfers
-            ]
+            reads = [_read_transfer(loc, remote[n][2]) for n, loc in transfers]
             if reads:
                 results = yield Transfers(reads)
             for (n, loc), read, err in zip(transfers, reads, results, strict=True):
-                key, info, _ = remote[n]
+                key, info, dest = remote[n]
+                pipe = read.hasher if isinstance(read.hasher, PipelinedReceive) else None
+                if pipe is not None:  # every copy it started is done, whatever happened
+                    pipe.finish()
+                    if err is None and not pipe.complete:
+                        err = DataPathError(f"reply for {key!r} ended short")
                 if err is None:
                     self.counters["tcp_reads"] += 1
                     assert read.hasher is not None
                     err = self._verified(key, loc, info, read.hasher.intdigest())
                     if err is not None:
                         failed[n].append(loc)
+                    elif pipe is not None:
+                        assert isinstance(dest, DeviceParts)
+                        dest.target.delivered = True
+                        self.counters["pipelined_reads"] = (
+                            self.counters.get("pipelined_reads", 0) + 1
+                        )
                 last[n] = err
             todo = [n for n in todo if last[n] is not None and queues[n]]
         return last
@@ -439,3 +462,12 @@ class ReadFlows(LocalPools):
 
 def _buffer(parts: list[memoryview]) -> memoryview | list[memoryview]:
     return parts[0] if len(parts) == 1 else parts
+
+
+def _read_transfer(loc: ReplicaLocation, parts: list[memoryview]) -> Transfer:
+    """A TCP read into `parts`: a device read (DeviceParts) through the pipeline, whose
+    copies into device memory run while the rest of the reply is received."""
+    if isinstance(parts, DeviceParts) and parts:
+        pipe = parts.pipeline()
+        return Transfer(Op.READ, loc, pipe.dests, pipe)
+    return Transfer(Op.READ, loc, _buffer(parts), Hasher())
