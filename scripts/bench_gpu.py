@@ -3,11 +3,15 @@
 
 Starts a master and one store node on 127.0.0.1 (DRAM pool, and a GPU tier for the tier
 reads), then for each size measures one client thread, median of --repeat, GB/s:
-  get_into(cupy)     same-host read into a cupy array (DMA from the registered pool)
-  get_into(numpy)    same-host read into a numpy array (CPU copy)
-  put_from(cupy)     same-host write from a cupy array (DMA into the registered pool)
-  put_from(numpy)    same-host write from a numpy array
-  tcp get_into(cupy) the same read over the TCP data path (local_shm=False)
+  get_into(cupy) gpu   same-host read into a cupy array (DMA from the registered pool), the
+                       checksum computed on the GPU from the device buffer (verify "gpu")
+  get_into(cupy) cpu   the same, the checksum hashed on CPU threads during the DMA ("cpu")
+  get_into(numpy)      same-host read into a numpy array (CPU copy)
+  put_from(cupy) gpu   same-host write from a cupy array (DMA into the registered pool),
+                       checksum on the GPU; `cpu`: on CPU threads
+  put_from(numpy)      same-host write from a numpy array
+  tcp get_into(cupy)   the read over the TCP data path (local_shm=False): received into
+                       pinned pieces, each copied up while the next is received
   gpu-tier get(cupy) a block promoted to the node's GPU tier, read same-host (CUDA IPC)
   pinned H2D/D2H     cudaMemcpy from/to cudaHostAlloc memory (the link's limit)
   pageable H2D/D2H   cupy set/get from/to ordinary numpy memory
@@ -39,9 +43,10 @@ from mooncake_store.common.gpu import gpu_count  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
 LEASES = False  # --leases: Client(leases=True), a steady put is one master round trip
-COLUMNS = ["get_into(cupy)", "get_into(numpy)", "put_from(cupy)", "put_from(numpy)",
-           "tcp get_into(cupy)", "gpu-tier get(cupy)", "pinned H2D", "pinned D2H",
-           "pageable H2D", "pageable D2H"]  # fmt: skip
+COLUMNS = ["get_into(cupy) gpu", "get_into(cupy) cpu", "get_into(numpy)", "put_from(cupy) gpu",
+           "put_from(cupy) cpu", "put_from(numpy)", "tcp get_into(cupy)", "gpu-tier get(cupy)",
+           "pinned H2D", "pinned D2H", "pageable H2D", "pageable D2H"]  # fmt: skip
+VERIFY_MODES = ("gpu", "cpu")
 
 
 def timed(fn: Callable[[], object], repeat: int, sync: Callable[[], None]) -> float:
@@ -91,14 +96,27 @@ def store_cases(cupy, cluster: LocalCluster, size: int, repeat: int, sync) -> di
         Client(cluster.master_address, leases=LEASES) as store,
         Client(cluster.master_address, local_shm=False, leases=LEASES) as tcp,
     ):
+        from mooncake_store.client.cuda import cuda_path
+
+        path = cuda_path()
+        default_mode = path.verify
         store.put(f"bench/src/{size}", host)
         key = f"bench/src/{size}"
-        out["get_into(cupy)"] = timed(lambda: store.get_into(key, dest_dev), repeat, sync)
-        assert bool((dest_dev == dev).all()), "get_into(cupy) returned wrong bytes"
+        store.get(key)  # maps the pool
+        for mode in VERIFY_MODES:
+            if not set_verify(path, mode):
+                continue
+            out[f"get_into(cupy) {mode}"] = timed(lambda: store.get_into(key, dest_dev), repeat,
+                                                  sync)  # fmt: skip
+            assert bool((dest_dev == dev).all()), f"get_into(cupy) {mode} returned wrong bytes"
+            dest_dev.fill(0)
+        path.verify = default_mode
         out["get_into(numpy)"] = timed(lambda: store.get_into(key, dest_host), repeat, sync)
         assert np.array_equal(dest_host, host)
+        pipelined = tcp.counters.get("pipelined_reads", 0)
         out["tcp get_into(cupy)"] = timed(lambda: tcp.get_into(key, dest_dev), repeat, sync)
         assert bool((dest_dev == dev).all())
+        assert tcp.counters.get("pipelined_reads", 0) > pipelined, "TCP read not pipelined"
 
         def put_dev() -> None:
             k = fresh_key("dev")
@@ -110,20 +128,34 @@ def store_cases(cupy, cluster: LocalCluster, size: int, repeat: int, sync) -> di
             store.put_from(k, host)
             written.append(k)
 
-        for name, fn in (("put_from(cupy)", put_dev), ("put_from(numpy)", put_host)):
+        cases = [(f"put_from(cupy) {mode}", put_dev, mode) for mode in VERIFY_MODES]
+        for name, fn, mode in [*cases, ("put_from(numpy)", put_host, None)]:
+            if mode is not None and not set_verify(path, mode):
+                continue
             written: list[str] = []
             out[name] = timed(fn, repeat, sync)
             store.get_into(written[-1], dest_host)
             assert np.array_equal(dest_host, host), f"{name} stored wrong bytes"
             store.remove_many(written)
-        try:
-            from mooncake_store.client.cuda import cuda_path
-
-            counters = dict(cuda_path().counters)
-        except Exception:
-            counters = {}
-        out["_counters"] = counters  # type: ignore[assignment]
+        path.verify = default_mode
+        out["_counters"] = dict(path.counters)  # type: ignore[assignment]
     return out
+
+
+def set_verify(path, mode: str) -> bool:
+    """Switch the process's CUDA path to verifying on `mode`; False (and a message) when the
+    GPU checksum cannot run here (it failed to build or its self-test)."""
+    path.verify = mode
+    try:
+        path._gpu_checksum()
+    except Exception as exc:
+        print(f"  verify={mode}: not usable here: {exc!r}")
+        path.verify = "cpu"
+        return False
+    if path.verify != mode:
+        print(f"  verify={mode}: fell back to {path.verify}")
+        return False
+    return True
 
 
 def gpu_tier_case(cupy, root: Path, size: int, repeat: int, sync) -> float | None:
@@ -201,11 +233,17 @@ def main() -> int:
         print(f"| {int(row['size_bytes']) >> 20} MiB | " + " | ".join(cells) + " |")  # type: ignore[arg-type]
     ratios = []
     for row in records:
-        gi, pf = row.get("get_into(cupy)"), row.get("put_from(cupy)")
         h2d, d2h = row.get("pinned H2D"), row.get("pinned D2H")
-        if all(isinstance(x, float) for x in (gi, pf, h2d, d2h)):
-            ratios.append(f"{int(row['size_bytes']) >> 20} MiB: get_into(cupy) "  # type: ignore[arg-type]
-                          f"{gi / h2d:.2f}x pinned H2D, put_from(cupy) {pf / d2h:.2f}x pinned D2H")  # type: ignore[operator]  # fmt: skip
+        cells = []
+        for name, limit in (("get_into(cupy) gpu", h2d), ("get_into(cupy) cpu", h2d),
+                            ("tcp get_into(cupy)", h2d), ("put_from(cupy) gpu", d2h),
+                            ("put_from(cupy) cpu", d2h)):  # fmt: skip
+            got = row.get(name)
+            if isinstance(got, float) and isinstance(limit, float):
+                cells.append(f"{name} {got / limit:.2f}x")
+        if cells:
+            ratios.append(f"{int(row['size_bytes']) >> 20} MiB (x the pinned limit): "  # type: ignore[arg-type]
+                          + ", ".join(cells))  # fmt: skip
     print("\n".join(ratios))
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))

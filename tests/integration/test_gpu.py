@@ -131,3 +131,85 @@ def test_same_host_gpu_tier_reads_are_device_to_device(gpu_cluster):
         store.get_into("ipc/hot", out)
         assert bool((out == cupy.asarray(value)).all())
         assert cuda_path().counters["ipc_reads"] == before + 1
+
+
+def test_gpu_checksum_kernels_match_xxhash_on_the_device():
+    """client/xxh3_gpu.cu on the real GPU (the host build runs in tests/unit/test_xxh3_gpu.py)."""
+    import cupy
+    import numpy as np
+
+    from mooncake_store.client.gpu_checksum import GpuChecksum
+    from mooncake_store.common.checksum import checksum
+    from tests.unit.test_xxh3_gpu import OBJECT_LENGTHS
+
+    gpu = GpuChecksum()
+    stream = cupy.cuda.Stream(non_blocking=False)
+    backing = np.random.default_rng(5).integers(0, 256, (4 << 20) + 16, dtype=np.uint8)
+    dev = cupy.asarray(backing)
+    for n in OBJECT_LENGTHS:
+        assert gpu.checksum(dev[:n], stream) == checksum(backing[:n]), n
+        assert gpu.checksum(dev[3 : 3 + n], stream) == checksum(backing[3 : 3 + n]), n  # unaligned
+    bad = dev[: (2 << 20) + 5].copy()
+    bad[(1 << 20) + 77] ^= 1
+    assert gpu.checksum(bad, stream) != checksum(backing[: (2 << 20) + 5])
+
+
+@pytest.mark.parametrize("mode", ["gpu", "cpu"])
+def test_dma_reads_and_writes_verify_on_the_gpu_or_cpu_threads(dram_cluster, mode):
+    import cupy
+    import numpy as np
+
+    from mooncake_store import ChecksumMismatchError
+    from mooncake_store.client.cuda import cuda_path
+    from mooncake_store.client.transport import ShmMapper
+    from mooncake_store.common.checksum import checksum
+    from tests.conftest import replica_list
+
+    path = cuda_path()
+    before_mode = path.verify
+    path.verify = mode
+    rng = np.random.default_rng(6)
+    try:
+        with Client(dram_cluster.master_address) as store:
+            for size in (100, 4096, (1 << 20) + 3, (1 << 20) + 241, (9 << 20) + 4097):
+                key = f"verify-{mode}/{size}"
+                host = rng.integers(0, 256, size, dtype=np.uint8)
+                store.put(key, host)
+                store.get(key)  # maps the pool
+                verified = path.counters["gpu_verified"]
+                out = cupy.zeros(size, dtype=cupy.uint8)
+                assert store.get_into(key, out) == size
+                assert bool((out == cupy.asarray(host)).all())
+                dev = cupy.asarray(rng.integers(0, 256, size, dtype=np.uint8))
+                store.put_from(f"{key}/put", dev)
+                back = store.get(f"{key}/put")
+                assert back == cupy.asnumpy(dev).tobytes()
+                assert replica_list(dram_cluster.master_address, f"{key}/put").checksum == (
+                    checksum(back)
+                )
+                expected = 2 if mode == "gpu" else 0
+                assert path.counters["gpu_verified"] == verified + expected
+            key = f"verify-{mode}/{(9 << 20) + 4097}"
+            loc = replica_list(dram_cluster.master_address, key).replicas[0]
+            mapper = ShmMapper()
+            pool = mapper.map(loc)
+            assert pool is not None
+            pool[loc.offset + (7 << 20) + 5] ^= 0x10
+            mapper.close()
+            with pytest.raises(ChecksumMismatchError):
+                store.get_into(key, cupy.zeros((9 << 20) + 4097, cupy.uint8))
+    finally:
+        path.verify = before_mode
+
+
+def test_tcp_reads_into_cupy_arrays_are_pipelined(dram_cluster):
+    import cupy
+    import numpy as np
+
+    value = np.random.default_rng(7).integers(0, 256, (5 << 20) + 3, dtype=np.uint8)
+    with Client(dram_cluster.master_address, local_shm=False) as tcp:
+        tcp.put("pipe/cupy", value)
+        out = cupy.zeros(value.nbytes, dtype=cupy.uint8)
+        assert tcp.get_into("pipe/cupy", out) == value.nbytes
+        assert bool((out == cupy.asarray(value)).all())
+        assert tcp.counters["pipelined_reads"] == 1
