@@ -1,36 +1,33 @@
-"""AsyncClient: the public async API, and the driver that runs operations on an event loop.
+"""AsyncClient: the public async API, and the runner that takes operations' steps on an event loop.
 
-The operations themselves are flows of steps (`steps.py`), written once in `writes.py` (put) and
-`reads.py` (get); the sync `Client` runs the same flows in the calling thread.
+The operations themselves are flows of steps (`steps.py`), reached through `ClientFlows`
+(`flows.py`, the `flows` attribute); the sync `Client` runs the same flows in the calling
+thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from mooncake_store.client.device import HostStaging, PinnedStaging
-from mooncake_store.client.leases import LeasePool
-from mooncake_store.client.master_client import MasterCall, MasterClient
+from mooncake_store.client.flows import DEFAULT_MASTER, DEFAULT_MAX_VALUE_BYTES, ClientFlows
+from mooncake_store.client.master_client import MasterCall
 from mooncake_store.client.metadata import MetadataCalls
-from mooncake_store.client.ranges import Range, RangeFlows, ReadSession
-from mooncake_store.client.reads import ReadFlows
-from mooncake_store.client.shm import ShmMapper
+from mooncake_store.client.ranges import Range, ReadSession
 from mooncake_store.client.steps import Flow, Transfer, Transfers
 from mooncake_store.client.tcp_async import TcpPool
 from mooncake_store.client.types import PrefixRead, PutResult, ReplicaLocation, Retry
-from mooncake_store.client.writes import WriteFlows
-from mooncake_store.common.errors import InvalidArgumentError, MooncakeError
+from mooncake_store.common.errors import MooncakeError
 from mooncake_store.common.tls import TlsConfig
 
 T = TypeVar("T")
 
-DEFAULT_MASTER = "127.0.0.1:50051"
-DEFAULT_MAX_VALUE_BYTES = 1 << 30
+__all__ = ["DEFAULT_MASTER", "DEFAULT_MAX_VALUE_BYTES", "AsyncClient"]
 
 
-class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
+class AsyncClient(MetadataCalls):
     """Asynchronous client of a mooncake-store cluster.
 
     Example:
@@ -81,44 +78,66 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         leases: bool = False,
         token: str | None = None,
     ) -> None:
-        if replicas is not None and replicas < 1:
-            raise InvalidArgumentError(f"replicas must be >= 1, got {replicas}")
-        if timeout_s <= 0:
-            raise InvalidArgumentError(f"timeout_s must be > 0, got {timeout_s}")
-        self.master = master
-        self.replicas = replicas
-        self.timeout_s = timeout_s
-        self.local_shm = local_shm
-        self.max_value_bytes = max_value_bytes
-        self.retry = retry or Retry()
-        self.framed = framed
-        if tls is None:
-            if tls_ca or tls_cert or tls_key:
-                tls = TlsConfig(cert=tls_cert or "", key=tls_key or "", ca=tls_ca or "")
-            else:
-                tls = TlsConfig.from_env()
-        self.tls = tls
-        #: The client TLS context of TCP connections (None: plaintext).
-        self.ssl_context = tls.client_context() if tls.enabled else None
-        #: The caller's token; None: MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then the master's
-        #: local token file (same host, same uid).  See common/credentials.py.
-        self.token = token
-        self._master: MasterClient | None = None
-        self._shm = ShmMapper()
-        self._tcp = TcpPool(timeout_s=timeout_s, ssl=self.ssl_context)
-        self._pinned = PinnedStaging()
-        #: Allocation leases (client/leases.py): one master round trip per steady put.
-        self._leases: LeasePool | None = LeasePool() if leases else None
-        self._staging = HostStaging()
-        #: Transfers by data path, and replicas that failed their checksum on read.
-        #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by
-        #: endpoint (framed_calls, grpc_calls).  Objects whose every replica failed its
-        #: checksum, reported to the master for deletion (corrupt_reported).
-        self.counters: dict[str, int] = dict.fromkeys(
-            ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
-             "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls", "leased_puts",
-             "corrupt_reported", "put_conflicts"), 0,
+        #: The operations as flows, over the settings, counters, master client and same-host
+        #: transport they share (flows.py); the sync Client drives the same object's flows.
+        self.flows = ClientFlows(
+            master, replicas=replicas, timeout_s=timeout_s, local_shm=local_shm,
+            max_value_bytes=max_value_bytes, retry=retry, framed=framed, tls=tls, tls_ca=tls_ca,
+            tls_cert=tls_cert, tls_key=tls_key, leases=leases, token=token,
         )  # fmt: skip
+        #: This runner's TCP transport (the sync Client has blocking sockets of its own).
+        self._tcp = TcpPool(timeout_s=timeout_s, ssl=self.flows.ssl_context)
+
+    # ---- settings (held by `flows`) ---------------------------------------------------------
+
+    @property
+    def master(self) -> str:
+        return self.flows.master
+
+    @property
+    def replicas(self) -> int | None:
+        return self.flows.replicas
+
+    @property
+    def timeout_s(self) -> float:
+        return self.flows.timeout_s
+
+    @property
+    def local_shm(self) -> bool:
+        return self.flows.local_shm
+
+    @property
+    def max_value_bytes(self) -> int:
+        return self.flows.max_value_bytes
+
+    @property
+    def retry(self) -> Retry:
+        return self.flows.retry
+
+    @property
+    def framed(self) -> bool:
+        return self.flows.framed
+
+    @property
+    def tls(self) -> TlsConfig:
+        return self.flows.tls
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context of TCP connections (None: plaintext)."""
+        return self.flows.ssl_context
+
+    @property
+    def token(self) -> str | None:
+        return self.flows.token
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Transfers by data path, and replicas that failed their checksum on read.  Reads
+        served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by endpoint
+        (framed_calls, grpc_calls).  Objects whose every replica failed its checksum, reported
+        to the master for deletion (corrupt_reported)."""
+        return self.flows.counters
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -128,15 +147,12 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         Raises:
             MasterUnavailableError: the master did not answer within `timeout_s`.
         """
-        await self._master_client().wait_ready(self.timeout_s)
+        await self.flows.master_client().wait_ready(self.timeout_s)
         return self
 
     async def close(self) -> None:
-        if self._master is not None:
-            await self._master.close()
-            self._master = None
+        await self.flows.close()
         self._tcp.close()
-        self._shm.close()
 
     async def __aenter__(self) -> AsyncClient:
         return await self.connect()
@@ -144,17 +160,9 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _master_client(self) -> MasterClient:
-        if self._master is None:
-            self._master = MasterClient(
-                self.master, timeout_s=self.timeout_s, retry=self.retry, framed=self.framed,
-                counters=self.counters, tls=self.tls, token=self.token,
-            )  # fmt: skip
-        return self._master
-
     async def _drive(self, flow: Flow[T]) -> T:
         """Run an operation's steps on this loop."""
-        master = self._master_client()
+        master = self.flows.master_client()
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -183,20 +191,8 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
 
     async def _map_pools(self, replicas: Sequence[ReplicaLocation]) -> None:
         loop = asyncio.get_running_loop()
-        for loc in self._unmapped(replicas):
-            await loop.run_in_executor(None, self._shm.map, loc)
-
-    def _unmapped(self, replicas: Sequence[ReplicaLocation]) -> list[ReplicaLocation]:
-        """One replica per same-host-candidate DRAM pool that is not mapped yet."""
-        if not self.local_shm:
-            return []
-        seen: dict[int, ReplicaLocation] = {}
-        for loc in replicas:
-            if loc.tier != "DRAM" or self._shm.cached(loc) is not None:
-                continue
-            if self._shm.worth_probing(loc):
-                seen.setdefault(loc.segment_id, loc)
-        return list(seen.values())
+        for loc in self.flows.unmapped(replicas):
+            await loop.run_in_executor(None, self.flows.shm.map, loc)
 
     # ---- puts -------------------------------------------------------------------------------
 
@@ -227,7 +223,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
             DataPathError: no replica could be written (nothing is left visible).
         """
         return await self._drive(
-            self._put_flow(
+            self.flows.put_flow(
                 key, value, replicas=replicas, fingerprint=fingerprint, parent=parent, tag=tag,
                 pin=pin, pin_ttl_s=pin_ttl_s,
             )
@@ -269,7 +265,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         (retrying the batch is safe: stored keys deduplicate).
         """
         return await self._drive(
-            self._put_many_flow(
+            self.flows.put_many_flow(
                 items, replicas=replicas, fingerprint=fingerprint, parents=parents, tags=tags,
                 pin=pin, pin_ttl_s=pin_ttl_s,
             )
@@ -294,7 +290,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         room.
         """
         return await self._drive(
-            self._put_many_flow(
+            self.flows.put_many_flow(
                 items, replicas=replicas, pin=pin, pin_ttl_s=pin_ttl_s,
                 soft_pin_ttl_s=soft_pin_ttl_s, preferred_nodes=preferred_nodes, parts=True,
             )
@@ -314,7 +310,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         """put_many (put_many_from_parts with `parts`) that reports each item's outcome: a
         PutResult, or the MooncakeError of that item, instead of raising the first."""
         return await self._drive(
-            self._put_many_flow(  # type: ignore[arg-type]
+            self.flows.put_many_flow(  # type: ignore[arg-type]
                 items, replicas=replicas, pin=pin, pin_ttl_s=pin_ttl_s,
                 soft_pin_ttl_s=soft_pin_ttl_s, preferred_nodes=preferred_nodes, parts=parts,
                 outcomes=True,
@@ -339,7 +335,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         Raises:
             ObjectNotFoundError: naming every missing key (`.keys` lists them).
         """
-        return await self._drive(self._get_many_flow(keys, fingerprint))
+        return await self._drive(self.flows.get_many_flow(keys, fingerprint))
 
     async def get_into(self, key: str, buffer: object, *, fingerprint: bytes = b"") -> int:
         """Copy the value of `key` into `buffer` (writable, C-contiguous); return its size.
@@ -354,7 +350,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
     ) -> list[int]:
         """Copy many values into the matching buffers with one master call; return sizes."""
-        return await self._drive(self._get_many_into_flow(keys, buffers, fingerprint))
+        return await self._drive(self.flows.get_many_into_flow(keys, buffers, fingerprint))
 
     async def get_many_into_parts(
         self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
@@ -368,14 +364,14 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
             ObjectNotFoundError, BufferTooSmallError, ReplicaUnavailableError,
             ChecksumMismatchError: as get_many_into.
         """
-        return await self._drive(self._read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
+        return await self._drive(self.flows.read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
 
     async def get_many_into_outcomes(
         self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
     ) -> list[int | MooncakeError]:
         """get_many_into_parts that reports each key's outcome (its size, or its
         MooncakeError: ObjectNotFoundError for a missing key, ...) instead of raising."""
-        return await self._drive(self._read_parts_flow(keys, buffers, outcomes=True))
+        return await self._drive(self.flows.read_parts_flow(keys, buffers, outcomes=True))
 
     async def read_session(self, keys: Sequence[str]) -> ReadSession:
         """Lease `keys` for ranged reads (`get_ranges_into`) until the session is closed.
@@ -383,7 +379,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         A key that cannot be read is recorded in the session (`session.error(key)`) rather
         than raised.  See client/ranges.py for how ranges are verified.
         """
-        return await self._drive(self._session_flow(keys))
+        return await self._drive(self.flows.session_flow(keys))
 
     async def get_ranges_into(
         self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
@@ -392,7 +388,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         the object's bytes [offset, offset + len(buffer)) into each buffer.  Returns, per
         range, the bytes copied or the MooncakeError that stopped it (only the requested
         bytes are copied; each is verified against the stored checksum first)."""
-        return await self._drive(self._ranges_flow(session, reads))
+        return await self._drive(self.flows.ranges_flow(session, reads))
 
     async def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
         """Length of the longest leading run of `keys` that is stored (one RPC).
@@ -400,7 +396,7 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         A key stored under another fingerprint ends the run.  Like `exists`, this is a probe:
         it does not count as a read.
         """
-        return await self._drive(self._prefix_match_flow(keys, fingerprint))
+        return await self._drive(self.flows.prefix_match_flow(keys, fingerprint))
 
     async def get_prefix_into(
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
@@ -410,4 +406,4 @@ class AsyncClient(ReadFlows, WriteFlows, RangeFlows, MetadataCalls):
         One master call finds the run and leases it; the blocks are then copied in parallel.
         Returns how many keys were read, with their sizes and tags.
         """
-        return await self._drive(self._get_prefix_into_flow(keys, buffers, fingerprint))
+        return await self._drive(self.flows.get_prefix_into_flow(keys, buffers, fingerprint))

@@ -94,11 +94,11 @@ Range = tuple[object, int]  # (destination buffer, offset in the object)
 
 
 class RangeFlows(LocalPools):
-    """Ranged reads of AsyncClient (a mixin: the state is the client's)."""
+    """Ranged reads (a mixin of ClientFlows, flows.py: the state is its)."""
 
     counters: dict[str, int]
 
-    def _session_flow(self, keys: Sequence[str]) -> Flow[ReadSession]:
+    def session_flow(self, keys: Sequence[str]) -> Flow[ReadSession]:
         keys = [validate_key(k) for k in keys]
         results = yield get_replica_list_call(keys, b"")
         session = ReadSession(list(keys), {}, time.monotonic())
@@ -161,7 +161,7 @@ class RangeFlows(LocalPools):
             self.counters["checksum_failures"] += 1
         return entry
 
-    def _ranges_flow(
+    def ranges_flow(
         self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
     ) -> Flow[list[list[int | MooncakeError]]]:
         """Copy each (destination, object offset) range of each key: per range, the bytes

@@ -58,13 +58,13 @@ from mooncake_store.common.wire import Op
 
 
 class ReadFlows(LocalPools):
-    """Read operations of AsyncClient (a mixin: the state is the client's)."""
+    """Read operations (a mixin of ClientFlows, flows.py: the state is its)."""
 
     counters: dict[str, int]
     _pinned: PinnedStaging
     _staging: HostStaging
 
-    def _get_many_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[list[bytes]]:
+    def get_many_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[list[bytes]]:
         keys = [validate_key(k) for k in keys]
         infos = self._checked(keys, (yield get_replica_list_call(keys, fingerprint)))
         out: list[bytes | None] = [self._take_local(i) for i in infos]
@@ -88,17 +88,17 @@ class ReadFlows(LocalPools):
                     self._staging.give(buf)
         return out  # type: ignore[return-value]
 
-    def _get_many_into_flow(
+    def get_many_into_flow(
         self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
     ) -> Flow[list[int]]:
         infos = yield from self._read_into_flow(keys, buffers, fingerprint, get_replica_list_call)
         return [info.size_bytes for info in infos]
 
-    def _prefix_match_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[int]:
+    def prefix_match_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[int]:
         keys = [validate_key(k) for k in keys]
         return (yield prefix_match_call(keys, fingerprint))  # type: ignore[no-any-return]
 
-    def _get_prefix_into_flow(
+    def get_prefix_into_flow(
         self, keys: Sequence[str], buffers: Sequence[object], fingerprint: bytes
     ) -> Flow[PrefixRead]:
         infos = yield from self._read_into_flow(keys, buffers, fingerprint, get_prefix_call)
@@ -134,7 +134,7 @@ class ReadFlows(LocalPools):
             self._release(staged)
         return infos
 
-    def _read_parts_flow(
+    def read_parts_flow(
         self, keys: Sequence[str], buffers: Sequence[Sequence[object]], *, outcomes: bool
     ) -> Flow[list[int | MooncakeError]]:
         """Read each object scattered over its list of host buffers (in order); the sizes

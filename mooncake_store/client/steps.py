@@ -2,9 +2,9 @@
 
 Every operation (put, get, their batch and prefix forms) is written once, as a generator of
 steps: master calls (`master_client.MasterCall`), pool mapping (`MapPools`) and TCP transfers
-(`Transfers`).  Two drivers run them: `AsyncClient._drive` awaits each step on its event loop
-(transfers in parallel on its TcpPool); the sync `Client` takes them in the calling thread, on
-blocking sockets of its own.
+(`Transfers`), reached through `ClientFlows` (flows.py).  Two drivers run them:
+`AsyncClient._drive` awaits each step on its event loop (transfers in parallel on its TcpPool);
+the sync `Client` takes them in the calling thread, on blocking sockets of its own.
 """
 
 from __future__ import annotations
@@ -264,13 +264,13 @@ def as_writable(buffer: object) -> memoryview:
 
 
 class LocalPools:
-    """Same-host pools, as the read and write flows see them (a mixin: the client's state)."""
+    """Same-host pools as the read and write flows see them (a mixin of ClientFlows)."""
 
     local_shm: bool
-    _shm: ShmMapper
+    shm: ShmMapper
 
     def _mapped(self, loc: ReplicaLocation) -> memoryview | None:
         """The pool of `loc` if it is a DRAM replica already mapped on this host."""
         if not self.local_shm or loc.tier != "DRAM":
             return None
-        return self._shm.cached(loc)
+        return self.shm.cached(loc)

@@ -1,7 +1,8 @@
 """Client: the synchronous client, sharing its logic with AsyncClient.
 
-Every operation is written once, as a flow of steps (see `steps.py`).  The sync Client
-runs a flow in the calling thread: master calls go out on a blocking framed socket that the
+Every operation is written once, as a flow of steps (see `steps.py`), reached through the
+`ClientFlows` of an AsyncClient (`flows.py`, its public `flows`).  The sync Client runs a flow
+in the calling thread: master calls go out on a blocking framed socket that the
 thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
 same-host copies are plain memcpys, and TCP transfers run on blocking node sockets of the thread
 (a batch pipelined: every request sent, then the replies read in order).  One private event loop
@@ -58,7 +59,8 @@ class Client:
     """
 
     def __init__(self, master: str = DEFAULT_MASTER, **options: Any) -> None:
-        self._async = AsyncClient(master, **options)
+        self._async = AsyncClient(master, **options)  # its runner carries stats, list_nodes
+        self._flows = self._async.flows  # the operations, driven here in the calling thread
         self._loop = new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="mooncake-client", daemon=True
@@ -109,8 +111,8 @@ class Client:
                 elif isinstance(step, Transfers):
                     value = self._transfer_all(step.transfers)
                 else:
-                    for loc in self._async._unmapped(step.replicas):
-                        self._async._shm.map(loc)
+                    for loc in self._flows.unmapped(step.replicas):
+                        self._flows.shm.map(loc)
             except BaseException as exc:
                 error = exc
 
@@ -165,15 +167,15 @@ class Client:
         return self._run(self._call_on_loop(call))
 
     async def _call_on_loop(self, call: MasterCall[T]) -> T:
-        return await self._async._master_client().run(call)
+        return await self._flows.master_client().run(call)
 
     def _master(self) -> MasterClient:
-        """The async client's MasterClient, created on the loop (grpc.aio binds to it)."""
-        master = self._async._master
+        """The flows' MasterClient, created on the loop (grpc.aio binds to it)."""
+        master = self._flows.master_created
         if master is None:
 
             async def create() -> MasterClient:
-                return self._async._master_client()
+                return self._flows.master_client()
 
             master = self._run(create())
         return master
@@ -250,92 +252,92 @@ class Client:
         self.close()
 
     def put(self, key: str, value: object, **options: Any) -> PutResult:
-        return self._drive(self._async._put_flow(key, value, **options))
+        return self._drive(self._flows.put_flow(key, value, **options))
 
     def put_from(self, key: str, buffer: object, **options: Any) -> PutResult:
-        return self._drive(self._async._put_flow(key, buffer, **options))
+        return self._drive(self._flows.put_flow(key, buffer, **options))
 
     def put_many(
         self, items: Mapping[str, object] | Iterable[tuple[str, object]], **options: Any
     ) -> list[PutResult]:
-        return self._drive(self._async._put_many_flow(items, **options))
+        return self._drive(self._flows.put_many_flow(items, **options))
 
     def put_many_from_parts(
         self,
         items: Mapping[str, Sequence[object]] | Iterable[tuple[str, Sequence[object]]],
         **options: Any,
     ) -> list[PutResult]:
-        return self._drive(self._async._put_many_flow(items, parts=True, **options))
+        return self._drive(self._flows.put_many_flow(items, parts=True, **options))
 
     def put_many_outcomes(
         self, items: Mapping[str, object] | Iterable[tuple[str, object]], **options: Any
     ) -> list[PutResult | MooncakeError]:
-        return self._drive(self._async._put_many_flow(items, outcomes=True, **options))  # type: ignore[arg-type]
+        return self._drive(self._flows.put_many_flow(items, outcomes=True, **options))  # type: ignore[arg-type]
 
     def get_many_into_parts(
         self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
     ) -> list[int]:
-        return self._drive(self._async._read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
+        return self._drive(self._flows.read_parts_flow(keys, buffers, outcomes=False))  # type: ignore[arg-type]
 
     def get_many_into_outcomes(
         self, keys: Sequence[str], buffers: Sequence[Sequence[object]]
     ) -> list[int | MooncakeError]:
-        return self._drive(self._async._read_parts_flow(keys, buffers, outcomes=True))
+        return self._drive(self._flows.read_parts_flow(keys, buffers, outcomes=True))
 
     def remove_many_outcomes(
         self, keys: Sequence[str], *, force: bool = True
     ) -> list[MooncakeError | None]:
-        return self._drive(self._async._remove_outcomes_flow(keys, force))
+        return self._drive(self._flows.remove_outcomes_flow(keys, force))
 
     def read_session(self, keys: Sequence[str]) -> ReadSession:
-        return self._drive(self._async._session_flow(keys))
+        return self._drive(self._flows.session_flow(keys))
 
     def get_ranges_into(
         self, session: ReadSession, reads: Sequence[tuple[str, Sequence[Range]]]
     ) -> list[list[int | MooncakeError]]:
-        return self._drive(self._async._ranges_flow(session, reads))
+        return self._drive(self._flows.ranges_flow(session, reads))
 
     def describe_many(self, keys: Sequence[str]) -> list[ObjectInfo | None]:
-        return self._drive(self._async._describe_flow(keys))
+        return self._drive(self._flows.describe_flow(keys))
 
     def list_keys(
         self, prefix: str = "", *, cursor: str = "", limit: int = 1000
     ) -> tuple[list[KeyInfo], str]:
-        return self._drive(self._async._list_keys_flow(prefix, cursor, limit))
+        return self._drive(self._flows.list_keys_flow(prefix, cursor, limit))
 
     def get(self, key: str, *, fingerprint: bytes = b"") -> bytes:
-        return self._drive(self._async._get_many_flow([key], fingerprint))[0]
+        return self._drive(self._flows.get_many_flow([key], fingerprint))[0]
 
     def get_many(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> list[bytes]:
-        return self._drive(self._async._get_many_flow(keys, fingerprint))
+        return self._drive(self._flows.get_many_flow(keys, fingerprint))
 
     def get_into(self, key: str, buffer: object, *, fingerprint: bytes = b"") -> int:
-        return self._drive(self._async._get_many_into_flow([key], [buffer], fingerprint))[0]
+        return self._drive(self._flows.get_many_into_flow([key], [buffer], fingerprint))[0]
 
     def get_many_into(
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
     ) -> list[int]:
-        return self._drive(self._async._get_many_into_flow(keys, buffers, fingerprint))
+        return self._drive(self._flows.get_many_into_flow(keys, buffers, fingerprint))
 
     def prefix_match(self, keys: Sequence[str], *, fingerprint: bytes = b"") -> int:
-        return self._drive(self._async._prefix_match_flow(keys, fingerprint))
+        return self._drive(self._flows.prefix_match_flow(keys, fingerprint))
 
     def get_prefix_into(
         self, keys: Sequence[str], buffers: Sequence[object], *, fingerprint: bytes = b""
     ) -> PrefixRead:
-        return self._drive(self._async._get_prefix_into_flow(keys, buffers, fingerprint))
+        return self._drive(self._flows.get_prefix_into_flow(keys, buffers, fingerprint))
 
     def exists(self, key: str) -> bool:
-        return self._drive(self._async._exists_many_flow([key]))[0]
+        return self._drive(self._flows.exists_many_flow([key]))[0]
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
-        return self._drive(self._async._exists_many_flow(keys))
+        return self._drive(self._flows.exists_many_flow(keys))
 
     def remove(self, key: str) -> bool:
-        return self._drive(self._async._remove_many_flow([key]))[0]
+        return self._drive(self._flows.remove_many_flow([key]))[0]
 
     def remove_many(self, keys: Sequence[str]) -> list[bool]:
-        return self._drive(self._async._remove_many_flow(keys))
+        return self._drive(self._flows.remove_many_flow(keys))
 
     def stats(self) -> ClusterStats:
         return self._run(self._async.stats())

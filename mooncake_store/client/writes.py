@@ -88,14 +88,14 @@ class _Pending:
 
 
 class WriteFlows(LocalPools):
-    """Write operations of AsyncClient (a mixin: the state is the client's)."""
+    """Write operations (a mixin of ClientFlows, flows.py: the state is its)."""
 
     replicas: int | None
     max_value_bytes: int
     counters: dict[str, int]
     _leases: LeasePool | None
 
-    def _put_flow(
+    def put_flow(
         self,
         key: str,
         value: object,
@@ -107,14 +107,14 @@ class WriteFlows(LocalPools):
         pin: bool = False,
         pin_ttl_s: float = 0.0,
     ) -> Flow[PutResult]:
-        results = yield from self._put_many_flow(
+        results = yield from self.put_many_flow(
             [(key, value)], replicas=replicas, fingerprint=fingerprint,
             parents=None if parent is None else [parent], tags=[tag], pin=pin,
             pin_ttl_s=pin_ttl_s,
         )  # fmt: skip
         return results[0]
 
-    def _put_many_flow(
+    def put_many_flow(
         self,
         items: Mapping[str, object] | Iterable[tuple[str, object]],
         *,

@@ -147,7 +147,7 @@ def test_one_call_timing_out_leaves_the_shared_connection_and_other_calls_alone(
         async with AsyncClient(cluster.master_address, timeout_s=timeout_s) as store:
             await store.put("present", b"p" * 100)
             await store.put("doomed", b"d" * 100)
-            channel = await store._master_client().framed_channel()
+            channel = await store.flows.master_client().framed_channel()
             assert channel is not None
             master.signal(signal.SIGSTOP)
             try:
@@ -163,7 +163,7 @@ def test_one_call_timing_out_leaves_the_shared_connection_and_other_calls_alone(
             assert await second is True
             assert await first is True
             assert not channel.closed
-            assert await store._master_client().framed_channel() is channel
+            assert await store.flows.master_client().framed_channel() is channel
             assert await store.exists("doomed") is False
 
     asyncio.run(run())

@@ -88,7 +88,7 @@ def test_async_client_pipelines_calls_on_one_connection(cluster):
             await asyncio.gather(*(store.put(k, k.encode() * 100) for k in keys))
             got = await asyncio.gather(*(store.get(k) for k in keys))
             assert got == [k.encode() * 100 for k in keys]
-            master = store._master_client()
+            master = store.flows.master_client()
             assert master._framed is not None and not master._framed.closed
             return dict(store.counters)
 

@@ -286,7 +286,7 @@ def test_restarted_node_is_remounted_and_its_dead_pool_unmapped(tmp_path):
             store.put("before", b"old pool")
             assert store.get("before") == b"old pool"
             old_segment = store.list_nodes()[0].segment_id
-            assert store._async._shm.mapped_segments() == [old_segment]
+            assert store._async.flows.shm.mapped_segments() == [old_segment]
             cluster.nodes[0].signal(signal.SIGKILL)
             cluster.nodes[0].proc.wait()
             cluster.restart_node(0)
@@ -302,7 +302,7 @@ def test_restarted_node_is_remounted_and_its_dead_pool_unmapped(tmp_path):
             store.put("after", b"new pool")
             assert store.get("after") == b"new pool"
             new_segment = store.list_nodes()[0].segment_id
-            assert store._async._shm.mapped_segments() == [new_segment]
+            assert store._async.flows.shm.mapped_segments() == [new_segment]
 
 
 def test_unsynced_commits_survive_a_master_kill(tmp_path):

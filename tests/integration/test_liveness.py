@@ -151,7 +151,7 @@ def test_sigstop_inside_the_grace_window_keeps_every_replica_outside_drops_them(
         keys = [f"grace/{i}" for i in range(60)]
         for key in keys:
             store.put(key, value(key))
-        master = store._async._master_client()
+        master = store._async.flows.master_client()
         on_node1 = [  # the keys whose one replica is on node-1
             k for k in keys
             if store._run(master.get_replica_list([k]))[0].replicas[0].node_id == "node-1"

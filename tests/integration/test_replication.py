@@ -20,7 +20,7 @@ def content(key: str, size: int = 64 * 1024) -> bytes:
 
 def replica_count(store: Client, key: str) -> int:
     """Replicas of `key` (this asks for a replica list: it counts as a read)."""
-    return len(store._run(store._async._master_client().get_replica_list([key]))[0].replicas)
+    return len(store._run(store._async.flows.master_client().get_replica_list([key]))[0].replicas)
 
 
 def stored_replicas(store: Client) -> int:
