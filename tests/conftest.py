@@ -1,4 +1,5 @@
-"""Shared fixtures: real clusters of daemon subprocesses on 127.0.0.1, and a polling helper."""
+"""Shared fixtures: real clusters on 127.0.0.1 (in this process, or daemon subprocesses where a
+test needs process-level faults), and a polling helper."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.credentials import TOKEN_DIR_ENV
 
 # Short liveness settings so failure tests finish quickly.
@@ -70,8 +71,9 @@ def replica_list(master: str, key: str) -> object:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """A master and three 64 MiB nodes, shared by a test module."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]:
+    """A master and three 64 MiB nodes, shared by a test module: the real daemons, in this
+    process (mooncake_store/cluster_inprocess.py)."""
     root = tmp_path_factory.mktemp("cluster")
-    with LocalCluster(root, nodes=3, dram="64MiB", master_args=FAST_MASTER) as c:
+    with InProcessCluster(root, nodes=3, dram="64MiB", master_args=FAST_MASTER) as c:
         yield c
