@@ -129,6 +129,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
     rng = random.Random(index)
     acked: list[str] = []
     acked_at: list[float] = []  # wall clock of each acknowledgement (to place a loss in time)
+    failed: dict[str, str] = {}  # key -> error class of a put that reported failure
     errors: Counter[str] = Counter()
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
@@ -150,6 +151,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                     acked_at.append(time.time())
                 except Exception as exc:  # counted by type; not acknowledged
                     errors[f"put:{type(exc).__name__}"] += 1
+                    failed[key] = type(exc).__name__
             elif acked:
                 key = rng.choice(acked)
                 try:
@@ -163,7 +165,34 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
             else:
                 time.sleep(0.05)
     Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
-                                     "wrong_bytes": wrong, "errors": dict(errors)}))  # fmt: skip
+                                     "wrong_bytes": wrong, "errors": dict(errors),
+                                     "failed": failed}))  # fmt: skip
+
+
+# A put that failed with one of these may or may not have taken effect (the error says so);
+# any other failure is definite, and its key must not become visible.
+OUTCOME_UNKNOWN = {"MasterTimeoutError", "MasterUnavailableError", "RpcError"}
+
+
+def failed_puts_check(store: Client, failed: dict[str, str]) -> tuple[Counter[str], int]:
+    """Look up every key whose put reported failure: (visible ones by error class, wrong
+    bytes among them).  A definite failure that is visible is a misreported outcome."""
+    visible: Counter[str] = Counter()
+    wrong = 0
+    keys = list(failed)
+    for start in range(0, len(keys), 1000):
+        batch = keys[start : start + 1000]
+        for key, there in zip(batch, store.exists_many(batch), strict=True):
+            if not there:
+                continue
+            visible[failed[key]] += 1
+            try:
+                data = store.get(key)
+            except Exception:  # noqa: BLE001  (visible but unreadable: counted as visible)
+                continue
+            if data != content(key, size_of(key)):
+                wrong += 1
+    return visible, wrong
 
 
 def loss_windows(lost: list[tuple[str, float]], gap_s: float = 5.0) -> list[dict[str, object]]:
@@ -490,6 +519,9 @@ def main() -> None:
                         continue
                     if data != content(key, size_of(key)):
                         wrong += 1
+                failed = {k: e for r in results for k, e in r.get("failed", {}).items()}
+                failed_visible, failed_wrong = failed_puts_check(store, failed)
+                wrong += failed_wrong
                 counters = store.stats().counters
             chaos.totals.update(counters)
             evictions = int(chaos.totals.get("evictions", 0))
@@ -519,6 +551,11 @@ def main() -> None:
                 "duplicate_node_ids_refused": chaos.duplicates_refused,
                 "duplicate_node_ids_accepted": chaos.duplicates_accepted,
                 "errors": dict(errors),
+                "failed_puts": len(failed),
+                "failed_puts_visible": dict(failed_visible),
+                "misreported_puts": sum(
+                    n for e, n in failed_visible.items() if e not in OUTCOME_UNKNOWN
+                ),
                 "settled": settled,
                 "repairs": counters.get("repairs", 0),  # the last master lifetime's
                 "master_counters": dict(chaos.totals),
@@ -528,7 +565,8 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-    failed = report["wrong_bytes"] or report["lost_acked_blocks"] or not report["settled"]
+    failed = (report["wrong_bytes"] or report["lost_acked_blocks"] or not report["settled"]
+              or report["misreported_puts"])  # fmt: skip
     sys.exit(1 if failed or report["duplicate_node_ids_accepted"] else 0)
 
 
