@@ -188,7 +188,7 @@ def failed_puts_check(store: Client, failed: dict[str, str]) -> tuple[Counter[st
             visible[failed[key]] += 1
             try:
                 data = store.get(key)
-            except Exception:  # noqa: BLE001  (visible but unreadable: counted as visible)
+            except Exception:  # visible but unreadable: counted as visible
                 continue
             if data != content(key, size_of(key)):
                 wrong += 1
