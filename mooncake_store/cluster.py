@@ -31,7 +31,7 @@ _MASTER_READY = re.compile(r"mooncake-master listening on (\S+):(\d+)")
 NODE_READY = _NODE_READY = re.compile(
     r"mooncake-store node (\S+) serving .* data (\S+):(\d+), control \S+:(\d+)"
 )
-_METRICS = re.compile(r"metrics (http://\S+/metrics)")
+METRICS_URL = _METRICS = re.compile(r"metrics (http://\S+/metrics)")
 
 # `make run` serves the master's /metrics here and node i's on the next ports.
 DEFAULT_METRICS_PORT = 9150

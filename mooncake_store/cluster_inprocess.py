@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import click
 
+from mooncake_store.cluster import METRICS_URL as _METRICS
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.config import load_config
 from mooncake_store.common.loop import new_event_loop
@@ -113,6 +114,12 @@ class InProcessDaemon:
     def alive(self) -> bool:
         return self._thread is not None
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The daemon's /metrics URL, if it serves one (as `DaemonProcess.metrics_url`)."""
+        found = _METRICS.search(getattr(self.server, "metrics_url", "") or "")
+        return found.group(1) if found else None
+
     def _end(self, coro: Coroutine[Any, Any, None], timeout_s: float) -> None:
         thread, self._thread = self._thread, None
         if thread is None:
@@ -132,6 +139,14 @@ class InProcessMaster(InProcessDaemon):
 
 
 class InProcessNode(InProcessDaemon):
+    @property
+    def node_id(self) -> str:
+        return str(self.server.node_id)
+
+    @property
+    def control_port(self) -> int:
+        return int(self.server.control_port)
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """As on SIGTERM: copy off the blocks only this node holds, unmount, close."""
 
@@ -252,6 +267,12 @@ class InProcessCluster:
             node._end(server.stop(unmount=False) if server is not None else _nothing(), 10.0)
             raise
         return node
+
+    def metrics_lines(self) -> list[str]:
+        """`metrics: <daemon> <url>` for every daemon that serves /metrics."""
+        daemons = [("master", self.master), *((f"node-{i}", n) for i, n in enumerate(self.nodes))]
+        return [f"metrics: {name} {d.metrics_url}" for name, d in daemons
+                if d is not None and d.metrics_url]  # fmt: skip
 
     def node_endpoint(self, index: int) -> str:
         server = self.nodes[index].server

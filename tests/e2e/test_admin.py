@@ -11,20 +11,20 @@ import pytest
 
 from mooncake_store import Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER
 
 ADMIN = str(Path(sys.executable).parent / "mooncake-admin")
 
 
-def admin(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+def admin(cluster: InProcessCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([ADMIN, *args, "--master", cluster.master_address],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("admin"), nodes=2, dram="16MiB",
+    with InProcessCluster(tmp_path_factory.mktemp("admin"), nodes=2, dram="16MiB",
                       master_args=FAST_MASTER) as cluster:  # fmt: skip
         with Client(cluster.master_address) as store:
             for i in range(5):

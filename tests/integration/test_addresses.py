@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mooncake_store import Client
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.addresses import (
     advertised_host,
     is_wildcard,
@@ -63,7 +63,7 @@ def test_node_bound_to_every_interface_without_advertise_host_exits_with_one_lin
 
 
 def test_advertised_hosts_reach_clients(tmp_path):
-    with LocalCluster(
+    with InProcessCluster(
         tmp_path,
         nodes=1,
         dram="16MiB",

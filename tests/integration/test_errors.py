@@ -17,14 +17,14 @@ from mooncake_store import (
     NoSpaceError,
     ObjectNotFoundError,
 )
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """One 16 MiB node, so 'full' is quick to reach."""
-    with LocalCluster(
+    with InProcessCluster(
         tmp_path_factory.mktemp("small"), nodes=1, dram="16MiB", master_args=FAST_MASTER
     ) as c:
         yield c

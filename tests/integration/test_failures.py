@@ -28,6 +28,7 @@ from mooncake_store.client.master_client import MasterClient
 from mooncake_store.client.transport import ShmMapper, TcpPool
 from mooncake_store.client.types import PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, replica_list, wait_until
 
@@ -364,7 +365,7 @@ def test_pipelined_transfers_survive_refusals_in_the_middle(tmp_path):
 
     from mooncake_store.client.transport import BlockingNodeConnections
 
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
         master = cluster.master_address
         value = os.urandom(20_000)
         with Client(master) as store:
@@ -407,7 +408,7 @@ def test_node_serves_readv_and_refuses_it_whole(tmp_path):
     connection goes on serving."""
     from mooncake_store.common.wire import pack_readv
 
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
         values = {f"readv/{i}": os.urandom(5000 + 4096 * i) for i in range(4)}
         with Client(cluster.master_address) as store:
             store.put_many(values)
@@ -445,7 +446,7 @@ def test_transports_hash_transfers_as_bytes_move(tmp_path):
     from mooncake_store.client.transport import BlockingNodeConnections, Hasher
     from mooncake_store.common.checksum import checksum
 
-    with LocalCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
+    with InProcessCluster(tmp_path, nodes=1, dram="64MiB", master_args=FAST_MASTER) as cluster:
         master = cluster.master_address
         values = {f"hash/{i}": os.urandom(size) for i, size in enumerate((1, 70_000, 3 << 20))}
         with Client(master) as store:

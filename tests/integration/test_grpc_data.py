@@ -15,7 +15,7 @@ from mooncake_store import Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.admin.ops import master_metadata
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError, ChecksumMismatchError
 from tests.conftest import FAST_MASTER
@@ -23,7 +23,7 @@ from tests.conftest import FAST_MASTER
 
 @pytest.fixture(scope="module")
 def grpc_cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("grpcdata"), nodes=2, dram="32MiB",
+    with InProcessCluster(tmp_path_factory.mktemp("grpcdata"), nodes=2, dram="32MiB",
                       master_args=FAST_MASTER) as cluster:  # fmt: skip
         yield cluster
 

@@ -12,6 +12,7 @@ import pytest
 
 from mooncake_store import AsyncClient, Client
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER
 
 MiB = 1 << 20
@@ -20,7 +21,7 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("leases")
-    with LocalCluster(root, nodes=1, dram="64MiB", master_args=FAST_MASTER) as c:
+    with InProcessCluster(root, nodes=1, dram="64MiB", master_args=FAST_MASTER) as c:
         yield c
 
 

@@ -23,6 +23,7 @@ from mooncake_store.client.master_client import (
 from mooncake_store.client.transport import ShmMapper
 from mooncake_store.client.types import PutSpec, ReplicaList, ReplicaLocation, Retry
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.errors import (
     OK,
     AccessDeniedError,
@@ -38,7 +39,7 @@ from tests.conftest import FAST_MASTER, replica_list, wait_until
 @pytest.fixture(scope="module")
 def cluster2(tmp_path_factory):
     root = tmp_path_factory.mktemp("lifecycle")
-    with LocalCluster(root, nodes=2, dram="32MiB", master_args=FAST_MASTER) as c:
+    with InProcessCluster(root, nodes=2, dram="32MiB", master_args=FAST_MASTER) as c:
         yield c
 
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mooncake_store import Client
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER, wait_until
 
 
@@ -37,8 +37,8 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("metrics"), nodes=2, dram="16MiB",
-                      master_args=FAST_MASTER) as cluster:  # fmt: skip
+    with InProcessCluster(tmp_path_factory.mktemp("metrics"), nodes=2, dram="16MiB",
+                          master_args=FAST_MASTER, metrics_port=0) as cluster:  # fmt: skip
         yield cluster
 
 

@@ -15,7 +15,7 @@ import xxhash
 from mooncake_store import Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.errors import ChecksumMismatchError, DataPathError
 from mooncake_store.common.wire import REQUEST, pack_response
 from tests.conftest import FAST_MASTER, replica_list
@@ -25,12 +25,12 @@ F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in the fcntl module
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]:
     root = tmp_path_factory.mktemp("safety")
     # --auth off: the Fetch test calls the node's control service as a buggy master would, and
     # with auth on only master-signed requests get there (tests/integration/test_security.py).
     args = [*FAST_MASTER, "--auth", "off"]
-    with LocalCluster(root, nodes=1, dram="16MiB", master_args=args) as cluster:
+    with InProcessCluster(root, nodes=1, dram="16MiB", master_args=args) as cluster:
         yield cluster
 
 
@@ -71,7 +71,7 @@ def test_fetch_from_a_bad_source_writes_nothing_into_the_pool(one_node, truncate
         store.put(key, VALUE)
         (loc,) = replica_list(one_node.master_address, key).replicas
         source = BadSource(truncate=truncate)
-        control = f"127.0.0.1:{one_node.nodes[0].match.group(4)}"
+        control = f"127.0.0.1:{one_node.nodes[0].control_port}"
         try:
             with grpc.insecure_channel(control) as channel:
                 reply = pb_grpc.NodeServiceStub(channel).Fetch(

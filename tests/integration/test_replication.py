@@ -10,6 +10,7 @@ import pytest
 
 from mooncake_store import Client, Retry
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER, wait_until
 
 
@@ -91,7 +92,7 @@ def test_sigstopped_node_is_declared_dead_and_reads_fall_over(three):
 
 def test_hot_blocks_gain_a_replica_and_lose_it_when_cold(tmp_path):
     master = [*FAST_MASTER, "--hot-reads", "5", "--hot-window", "1s", "--max-replicas", "2"]
-    with LocalCluster(tmp_path, nodes=2, dram="32MiB", master_args=master) as cluster:
+    with InProcessCluster(tmp_path, nodes=2, dram="32MiB", master_args=master) as cluster:
         with Client(cluster.master_address) as store:
             store.put("hot", content("hot"))
             store.put("cold", content("cold"))

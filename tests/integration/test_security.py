@@ -18,7 +18,7 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.admin.cli import main as admin
 from mooncake_store.client.sync_client import Client
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.auth import bearer, grant_key, node_secret_of, parse_claims
 from mooncake_store.common.credentials import local_token_path
 from mooncake_store.common.errors import AccessDeniedError, ObjectConflictError
@@ -28,7 +28,7 @@ from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
 
 
-def create_token(cluster: LocalCluster, *args: str) -> str:
+def create_token(cluster: InProcessCluster, *args: str) -> str:
     result = CliRunner().invoke(
         admin, ["token", "create", *args, "--data-dir", str(cluster.data_dir)]
     )
@@ -37,21 +37,21 @@ def create_token(cluster: LocalCluster, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]:
     root = tmp_path_factory.mktemp("secure")
-    with LocalCluster(root, nodes=2, dram="32MiB", master_args=FAST_MASTER) as c:
+    with InProcessCluster(root, nodes=2, dram="32MiB", master_args=FAST_MASTER) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def victim(secure: LocalCluster) -> Iterator[Client]:
+def victim(secure: InProcessCluster) -> Iterator[Client]:
     """A legitimate client of tenant `alpha`."""
     token = create_token(secure, "--role", "client", "--tenant", "alpha")
     with Client(secure.master_address, token=token) as client:
         yield client
 
 
-def stub(cluster: LocalCluster) -> tuple[grpc.Channel, pb_grpc.MasterServiceStub]:
+def stub(cluster: InProcessCluster) -> tuple[grpc.Channel, pb_grpc.MasterServiceStub]:
     channel = grpc.insecure_channel(cluster.master_address)
     return channel, pb_grpc.MasterServiceStub(channel)
 
@@ -67,7 +67,7 @@ def still_works(client: Client, key: str, value: bytes) -> None:
 
 
 def test_no_token_is_refused_on_grpc_and_framed_with_how_to_get_one(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     victim.put("k-anon", b"victim bytes")
     channel, master = stub(secure)
@@ -104,7 +104,7 @@ def test_no_token_is_refused_on_grpc_and_framed_with_how_to_get_one(
 
 
 def test_another_tenant_can_neither_read_overwrite_remove_nor_prefix_match(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     victim.put_many([("chain-0", b"a0"), ("chain-1", b"a1")])
     token = create_token(secure, "--role", "client", "--tenant", "beta")
@@ -130,7 +130,7 @@ def test_another_tenant_can_neither_read_overwrite_remove_nor_prefix_match(
 
 
 def test_cache_poisoning_within_a_tenant_is_reported_not_deduplicated(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     token = create_token(secure, "--role", "client", "--tenant", "alpha")
     with Client(secure.master_address, token=token) as attacker:
@@ -143,10 +143,10 @@ def test_cache_poisoning_within_a_tenant_is_reported_not_deduplicated(
 
 
 def test_fake_nodes_and_mounts_under_another_id_are_refused(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     victim.put("on-node", b"x" * 1000)
-    node_id = secure.nodes[0].match.group(1)
+    node_id = secure.nodes[0].node_id
     fake = pb.MountSegmentRequest(
         node_id=node_id, incarnation=7, endpoint="127.0.0.1:1", control_endpoint="127.0.0.1:1",
         secret=b"s" * 32,
@@ -174,13 +174,15 @@ def test_fake_nodes_and_mounts_under_another_id_are_refused(
         assert gone.code == AccessDeniedError.code
         # A fake 1 TiB node under its own (valid) id still gets no secret from the master:
         # it mounts, but the grants the master signs for it are keyed by its token's secret.
-    assert {n.node_id for n in victim.list_nodes()} == {n.match.group(1) for n in secure.nodes}
+    assert {n.node_id for n in victim.list_nodes()} == {n.node_id for n in secure.nodes}
     still_works(victim, "on-node", b"x" * 1000)
 
 
-def test_node_control_calls_need_a_master_signature(secure: LocalCluster, victim: Client) -> None:
+def test_node_control_calls_need_a_master_signature(
+    secure: InProcessCluster, victim: Client
+) -> None:
     victim.put("moved", b"m" * 4096)
-    control = f"127.0.0.1:{secure.nodes[0].match.group(4)}"
+    control = f"127.0.0.1:{secure.nodes[0].control_port}"
     with grpc.insecure_channel(control) as channel:
         node = pb_grpc.NodeServiceStub(channel)
         calls = {
@@ -209,7 +211,7 @@ def test_node_control_calls_need_a_master_signature(secure: LocalCluster, victim
 
 
 def test_node_data_path_refuses_forged_grants_and_unauthenticated_pings(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     victim.put("data", b"d" * 4096)
     host, port = secure.node_endpoint(0).rsplit(":", 1)
@@ -274,7 +276,7 @@ def test_a_fake_master_learns_no_grant_key_from_a_mounting_node(tmp_path: Path) 
     asyncio.run(scenario())
 
 
-def test_local_token_file_is_private_and_cluster_key_0600(secure: LocalCluster) -> None:
+def test_local_token_file_is_private_and_cluster_key_0600(secure: InProcessCluster) -> None:
     path = local_token_path(secure.master_port)
     assert path.stat().st_mode & 0o777 == 0o600
     assert (secure.data_dir / "cluster.key").stat().st_mode & 0o777 == 0o600
@@ -284,7 +286,7 @@ def test_local_token_file_is_private_and_cluster_key_0600(secure: LocalCluster) 
     assert parse_claims(json.loads(path.read_text())["node"]).expires_s == 0
 
 
-def test_admin_creates_tokens_remotely_and_clients_cannot(secure: LocalCluster) -> None:
+def test_admin_creates_tokens_remotely_and_clients_cannot(secure: InProcessCluster) -> None:
     admin_token = create_token(secure, "--role", "admin")
     client_token = create_token(secure, "--role", "client")
     channel, master = stub(secure)
@@ -305,7 +307,7 @@ def test_admin_creates_tokens_remotely_and_clients_cannot(secure: LocalCluster) 
     assert parse_claims(remote.output.strip()).tenant == "delta"
 
 
-def test_expired_token_is_refused(secure: LocalCluster) -> None:
+def test_expired_token_is_refused(secure: InProcessCluster) -> None:
     token = create_token(secure, "--role", "client", "--ttl", "1s")
     wait_until(lambda: parse_claims(token).expired(__import__("time").time()), timeout_s=5)
     with pytest.raises(AccessDeniedError, match="expired"):
@@ -317,7 +319,7 @@ def _frame(method: str, body: bytes, call_id: int = 1) -> bytes:
     return HEADER.pack(len(body), call_id, METHOD_IDS[method]) + body
 
 
-def test_framed_node_token_may_not_make_data_calls(secure: LocalCluster) -> None:
+def test_framed_node_token_may_not_make_data_calls(secure: InProcessCluster) -> None:
     channel, master = stub(secure)
     token = create_token(secure, "--role", "node", "--node-id", "n-x")
     with channel:
@@ -335,7 +337,7 @@ def test_framed_node_token_may_not_make_data_calls(secure: LocalCluster) -> None
 
 
 def test_a_captured_node_bearer_mounts_unmounts_and_drains_nothing(
-    secure: LocalCluster, victim: Client
+    secure: InProcessCluster, victim: Client
 ) -> None:
     """A process on the master's port while it is down receives a node's bearer (x1's probe:
     with it alone it mounted as the node with a 1 TiB fake pool, received the victims' puts and
@@ -408,7 +410,7 @@ def test_unauthenticated_framed_connections_cannot_hold_the_connection_cap(
     (--max-connections) and every legitimate client was refused.  At the cap, a new connection
     now takes the place of the oldest unauthenticated one."""
     args = [*FAST_MASTER, "--max-connections", "4"]
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
         token = create_token(cluster, "--role", "client", "--tenant", "alpha")
         channel, master = stub(cluster)
         with channel:

@@ -15,7 +15,7 @@ import pytest
 
 from mooncake_store import Client, InvalidArgumentError
 from mooncake_store._proto import mooncake_store_pb2 as pb
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import MasterServer
@@ -25,15 +25,17 @@ from tests.integration.test_liveness import InProcessMaster
 
 
 @pytest.fixture(scope="module")
-def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]:
     root = tmp_path_factory.mktemp("capped")
-    with LocalCluster(root, nodes=1, dram="32MiB", master_args=["--max-batch-items", "100"]) as c:
+    with InProcessCluster(
+        root, nodes=1, dram="32MiB", master_args=["--max-batch-items", "100"]
+    ) as c:
         yield c
 
 
 @pytest.mark.parametrize("framed", [True, False])
 def test_a_batch_over_the_cap_is_refused_whole_naming_the_cap(
-    capped: LocalCluster, framed: bool
+    capped: InProcessCluster, framed: bool
 ) -> None:
     with Client(capped.master_address, framed=framed) as store:
         store.put("k0", b"v")

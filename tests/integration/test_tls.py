@@ -17,7 +17,7 @@ import time
 import pytest
 
 from mooncake_store import AsyncClient, Client, TlsConfig
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.errors import AccessDeniedError, MasterUnavailableError, TlsError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
@@ -43,7 +43,7 @@ def tls_cluster(tmp_path_factory, ca: TestCA, client_tls: TlsConfig):
     # control service: both go over TLS too.
     master = [*FAST_MASTER, *ca.daemon_args("master"), "--hot-reads", "3", "--hot-window", "5s",
               "--max-replicas", "2"]  # fmt: skip
-    with LocalCluster(
+    with InProcessCluster(
         root,
         nodes=2,
         dram="32MiB",
@@ -170,7 +170,7 @@ def test_mutual_tls_master_offers_no_unix_endpoint(tls_cluster, client_tls):
 def test_client_certificates_can_be_optional(tmp_path, ca: TestCA):
     """--no-tls-require-client-cert: daemons still verify each other, clients need only the CA."""
     optional = ["--no-tls-require-client-cert"]
-    with LocalCluster(
+    with InProcessCluster(
         tmp_path,
         nodes=1,
         dram="16MiB",
@@ -218,7 +218,7 @@ def test_a_tls_connection_the_master_closed_while_idle_is_replaced_not_failed(tm
     """As over plain TCP (test_client_retries): after the master's --idle-timeout closed the
     sync client's framed TLS connection, a remove (not safe to repeat) goes out on a new one."""
     client_tls = ca.config("idle-client")
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", client_options={"tls": client_tls},
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", client_options={"tls": client_tls},
                       master_args=[*ca.daemon_args("idle-master"), "--idle-timeout", "1s"],
                       node_args=ca.daemon_args("idle-node")) as cluster:  # fmt: skip
         with Client(cluster.master_address, tls=client_tls) as store:
