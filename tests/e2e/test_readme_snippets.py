@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -20,8 +20,8 @@ SNIPPETS = [b for b in re.findall(r"```python\n(.*?)```", README, re.S)
 
 @pytest.fixture(scope="module")
 def readme_cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("readme"), nodes=2, dram="64MiB",
-                      master_args=FAST_MASTER) as cluster:  # fmt: skip
+    with InProcessCluster(tmp_path_factory.mktemp("readme"), nodes=2, dram="64MiB",
+                          master_args=FAST_MASTER) as cluster:  # fmt: skip
         yield cluster
 
 

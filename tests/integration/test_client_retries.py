@@ -24,6 +24,7 @@ from mooncake_store.client.framed_channel import (
     FramedEndpoint,
 )
 from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import wait_until
 
 STALL_S = 1.5
@@ -176,7 +177,7 @@ def test_a_connection_the_master_closed_while_idle_is_replaced_not_failed(tmp_pa
     effect" (over TCP a send to a closed peer succeeds; only the reply read fails)."""
     monkeypatch.setattr(FramedEndpoint, "unix_socket", lambda self: None)  # as from another host
     args = ["--idle-timeout", "1s"]
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as idle:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as idle:
         with Client(idle.master_address) as store:
             store.put("idle-1", b"x" * 100)
             store.put("idle-2", b"y" * 100)

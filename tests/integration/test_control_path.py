@@ -15,7 +15,7 @@ from mooncake_store import AsyncClient, Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.client.framed_channel import BlockingFramedChannel, FramedEndpoint
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.auth import Role, bearer
 from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
@@ -167,7 +167,7 @@ def test_blocking_channel_refuses_a_reply_to_another_call(cluster):
 
 def test_master_without_framed_endpoint_serves_grpc(tmp_path):
     args = [*FAST_MASTER, "--framed-port", "-1"]
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as c:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as c:
         assert hello(c.master_address).framed_port == 0
         with Client(c.master_address) as store:
             roundtrip(store, "ctl/nofast")

@@ -83,7 +83,7 @@ def corrupt(loc: ReplicaLocation) -> None:
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    with LocalCluster(
+    with InProcessCluster(
         root, nodes=3, dram="64MiB", master_args=[*FAST_MASTER, "--put-timeout", "1s"]
     ) as c:
         yield c
@@ -216,24 +216,28 @@ def test_refused_tcp_writes_raise_their_refusal_not_a_reset(cluster3):
         assert store.get("refused-write") == value
 
 
-def test_master_restart_keeps_committed_blocks(cluster3):
-    values = {f"durable/{i}": os.urandom(50_000 + i) for i in range(40)}
-    with Client(cluster3.master_address) as store:
-        store.put_many(values)
-    for how in (signal.SIGTERM, signal.SIGKILL):
-        if how == signal.SIGTERM:
-            assert cluster3.master.stop() == 0
-        else:
-            cluster3.master.signal(signal.SIGKILL)
-            cluster3.master.proc.wait()
-        cluster3.start_master()
-        cluster3.wait_for_nodes(3)  # the nodes notice and mount again
+def test_master_restart_keeps_committed_blocks(tmp_path):
+    """SIGTERM and kill -9 of the master: daemon subprocesses (the other tests of the
+    module share an in-process cluster)."""
+    args = [*FAST_MASTER, "--put-timeout", "1s"]
+    with LocalCluster(tmp_path, nodes=3, dram="64MiB", master_args=args) as cluster3:
+        values = {f"durable/{i}": os.urandom(50_000 + i) for i in range(40)}
         with Client(cluster3.master_address) as store:
-            assert store.get_many(list(values)) == list(values.values())
-            assert all(store.exists_many(list(values)))
-            # New puts do not overwrite restored extents.
-            store.put_many({f"post-restart/{how}/{i}": os.urandom(60_000) for i in range(20)})
-            assert store.get_many(list(values)) == list(values.values())
+            store.put_many(values)
+        for how in (signal.SIGTERM, signal.SIGKILL):
+            if how == signal.SIGTERM:
+                assert cluster3.master.stop() == 0
+            else:
+                cluster3.master.signal(signal.SIGKILL)
+                cluster3.master.proc.wait()
+            cluster3.start_master()
+            cluster3.wait_for_nodes(3)  # the nodes notice and mount again
+            with Client(cluster3.master_address) as store:
+                assert store.get_many(list(values)) == list(values.values())
+                assert all(store.exists_many(list(values)))
+                # New puts do not overwrite restored extents.
+                store.put_many({f"post-restart/{how}/{i}": os.urandom(60_000) for i in range(20)})
+                assert store.get_many(list(values)) == list(values.values())
 
 
 def test_node_killed_mid_put_leaves_nothing_visible(tmp_path):

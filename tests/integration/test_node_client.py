@@ -18,7 +18,7 @@ import pytest
 
 from mooncake_store import Client, ObjectNotFoundError
 from mooncake_store.admin.ops import master_metadata
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,9 @@ def test_node_client_and_python_sdk_read_each_others_blocks(tmp_path):
     if node is None:
         pytest.skip("Node.js and its npm packages could not be installed")
     sizes = [1, 100_000, 3 * (1 << 20) + 17]
-    with LocalCluster(tmp_path / "c", nodes=2, dram="32MiB", master_args=FAST_MASTER) as cluster:
+    with InProcessCluster(
+        tmp_path / "c", nodes=2, dram="32MiB", master_args=FAST_MASTER
+    ) as cluster:
         written_by_python = {}
         with Client(cluster.master_address) as store:
             for size in sizes:

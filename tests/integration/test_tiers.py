@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mooncake_store import ChecksumMismatchError, Client, ObjectNotFoundError
 from mooncake_store.cluster import DaemonStartError, LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 BLOCK = 256 * 1024
@@ -27,7 +30,7 @@ def per_tier(store: Client) -> dict[str, int]:
     return out
 
 
-def fill_and_demote(cluster: LocalCluster, store: Client, prefix: str) -> list[str]:
+def fill_and_demote(cluster: Any, store: Client, prefix: str) -> list[str]:
     """Put 12 blocks (3 MiB into 4 MiB of DRAM), wait for demotion, return the NVMe ones."""
     for i in range(12):
         store.put(f"{prefix}/{i}", value(i))
@@ -39,11 +42,22 @@ def fill_and_demote(cluster: LocalCluster, store: Client, prefix: str) -> list[s
     ]
 
 
+def tier_cluster(cls: type[LocalCluster] | type[InProcessCluster], tmp_path: Path) -> Any:
+    nvme = ["--nvme-dir", str(tmp_path / "nvme"), "--nvme", "16MiB"]
+    return cls(tmp_path / "c", nodes=1, dram="4MiB", master_args=TIER_MASTER, node_args=nvme)
+
+
 @pytest.fixture
 def tiered(tmp_path):
-    nvme = ["--nvme-dir", str(tmp_path / "nvme"), "--nvme", "16MiB"]
-    with LocalCluster(tmp_path / "c", nodes=1, dram="4MiB", master_args=TIER_MASTER,
-                      node_args=nvme) as cluster:  # fmt: skip
+    """One node with a 4 MiB DRAM and a 16 MiB NVMe tier, in this process."""
+    with tier_cluster(InProcessCluster, tmp_path) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def tiered_process(tmp_path):
+    """The same as daemon subprocesses, for the tests that kill -9 the node."""
+    with tier_cluster(LocalCluster, tmp_path) as cluster:
         yield cluster
 
 
@@ -76,7 +90,8 @@ def test_blocks_read_repeatedly_from_nvme_are_promoted(tiered):
         assert store.stats().counters["promotions"] >= 1
 
 
-def test_restarted_node_reports_its_nvme_blocks(tiered):
+def test_restarted_node_reports_its_nvme_blocks(tiered_process):
+    tiered = tiered_process
     with Client(tiered.master_address) as store:
         on_nvme = fill_and_demote(tiered, store, "r")
         tiered.nodes[0].signal(signal.SIGKILL)
@@ -90,7 +105,8 @@ def test_restarted_node_reports_its_nvme_blocks(tiered):
         assert not any(store.exists_many(dram_only))  # DRAM died with the process
 
 
-def test_corrupt_nvme_block_is_never_served(tiered, tmp_path):
+def test_corrupt_nvme_block_is_never_served(tiered_process, tmp_path):
+    tiered = tiered_process
     with Client(tiered.master_address) as store:
         on_nvme = fill_and_demote(tiered, store, "c")
         victim, other = on_nvme[0], on_nvme[1]
