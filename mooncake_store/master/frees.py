@@ -120,17 +120,34 @@ class ExtentFrees(ReplicaRelocation):
         if not self.fences.dirty:
             return []
         self.fences.dirty = False
-        open_: dict[int, set[int]] = {}
-        for key in self._pending:
-            slot = self._slot[key]
-            for r in self._replicas(slot):
-                open_.setdefault(r.segment_id, set()).add(self._gen[slot])
+        open_ = self._open_generations()
         floor = self._next_generation
         return [
             (seg, floor, frozenset(open_.get(seg.segment_id, ())))
             for seg in self._segments.values()  # suspect nodes too: they may be writable
             if seg.tier is Tier.DRAM
         ]
+
+    def mount_fences(self, segment_ids: Iterable[int]) -> list[tuple[int, int, frozenset[int]]]:
+        """(segment id, floor, open generations): the fence a mount reply gives each mounted
+        DRAM segment among `segment_ids`.  A fresh mount has no puts yet, so every grant issued
+        before it is ended; a repeated mount of the same incarnation keeps its puts open."""
+        open_ = self._open_generations()
+        floor = self._next_generation
+        return [
+            (segment_id, floor, frozenset(open_.get(segment_id, ())))
+            for segment_id in segment_ids
+            if (seg := self._segments.get(segment_id)) is not None and seg.tier is Tier.DRAM
+        ]
+
+    def _open_generations(self) -> dict[int, set[int]]:
+        """Segment id -> generations of the pending puts with a replica there."""
+        open_: dict[int, set[int]] = {}
+        for key in self._pending:
+            slot = self._slot[key]
+            for r in self._replicas(slot):
+                open_.setdefault(r.segment_id, set()).add(self._gen[slot])
+        return open_
 
     def fence_acked(self, seg: Segment, floor: int, open_: frozenset[int]) -> None:
         """`seg`'s node took this fence: the frees it held can happen now."""

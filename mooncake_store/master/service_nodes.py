@@ -150,10 +150,14 @@ class NodeMethods(ServicerBase):
                 node.endpoint,
                 ", ".join(f"{i.tier.value} {i.size_bytes} bytes" for i, _ in segments),
             )
+        # Taken after the awaits above, with no await until the reply: every put started
+        # on these segments so far is in `open`, every later one is at or above `floor`.
+        fences = self.table.mount_fences(i.segment_id for i, _ in segments)
         return pb.MountSegmentResponse(
             status=_OK,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             liveness_port=self.liveness_port,
+            fences=[pb.WriteFence(segment_id=s, floor=f, open=sorted(o)) for s, f, o in fences],
         )
 
     async def Heartbeat(

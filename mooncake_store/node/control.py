@@ -19,6 +19,7 @@ import mmap
 import socket
 import ssl
 import threading
+import time
 from concurrent.futures import Executor
 
 import grpc
@@ -40,6 +41,7 @@ from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.wire import MAX_ERROR_BYTES, RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
+from mooncake_store.node.write_gate import WriteGate
 
 log = logging.getLogger("mooncake.node")
 
@@ -48,13 +50,13 @@ class NodeControl(pb_grpc.NodeServiceServicer):
     def __init__(self, dram: dict[int, memoryview], nvme: dict[int, NvmeTier],
                  gpu: dict[int, GpuTier], executor: Executor, *,
                  tls: ssl.SSLContext | None = None,
-                 fences: dict[int, WriteFence] | None = None,
+                 gate: WriteGate | None = None,
                  verifier: RequestVerifier | None = None,
                  fetch_timeout_s: float = 30.0) -> None:  # fmt: skip
         self.verifier = verifier  # None: the node has no token (its master runs --auth off)
         self.refused = 0
         self.dram = dram
-        self.fences = fences if fences is not None else {}  # the data path's (DataAccess)
+        self.gate = gate if gate is not None else WriteGate()  # the data path's (DataAccess)
         self.fetch_timeout_s = fetch_timeout_s  # connect and each read of a fetch
         self.tls = tls  # the client context of fetches from other nodes (None: plaintext)
         self.nvme = nvme
@@ -252,13 +254,16 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         return pb.Status(code=OK)
 
     async def FenceWrites(self, request: pb.FenceWritesRequest, context: object) -> pb.Status:
-        """The master's write fences (issue 11): each replaces the segment's previous one.
+        """The master's write fences (issue 11): each replaces the segment's previous pushed
+        one (node/write_gate.py), and the seals of the generations it ends are dropped.
         Master-signed like Fetch/Move/Release: an unsigned fence could lower the floor and
         make ended write grants work again."""
         await self._check("FenceWrites", request, context)
+        now_ms = int(time.time() * 1000)
         for fence in request.fences:
             if fence.segment_id in self.dram:
-                self.fences[fence.segment_id] = WriteFence(fence.floor, frozenset(fence.open))
+                fenced = WriteFence(fence.floor, frozenset(fence.open))
+                self.gate.fenced(fence.segment_id, fenced, now_ms)
         return pb.Status(code=OK)
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:

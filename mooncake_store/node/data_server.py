@@ -8,7 +8,9 @@ clients write only DRAM (blocks reach the other tiers by demotion and promotion)
 are not `sendfile`d: on these machines sendfile was slower than sending from memory at 4 MiB
 and above, and it would need the page cache, which O_DIRECT keeps out of the way.  Every
 access is checked against a grant signed by the master (segment, extent, mode, expiry) before
-a byte moves.  See common/wire.py for the framing.
+a byte moves; a WRITE also against the segment's write gate (node/write_gate.py: the master's
+fences, and the bytes its grant already wrote, sealed once its payload has landed).  See
+common/wire.py for the framing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ssl import SSLContext
 
 from mooncake_store.common.checksum import chunk_digests
 from mooncake_store.common.errors import OK, AccessDeniedError, DataPathError, GrantExpiredError
-from mooncake_store.common.grant import GRANT_BYTES, GrantMode, WriteFence, verify_grant
+from mooncake_store.common.grant import GRANT_BYTES, Grant, GrantMode, verify_grant
 from mooncake_store.common.wire import (
     MAGIC,
     MAX_DRAIN_BYTES,
@@ -35,6 +37,7 @@ from mooncake_store.common.wire import (
 )
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
+from mooncake_store.node.write_gate import PendingWrite, WriteGate
 
 log = logging.getLogger("mooncake.node")
 
@@ -53,8 +56,9 @@ class DataAccess:
         self.dram: dict[int, memoryview] = {}
         self.nvme: dict[int, NvmeTier] = {}
         self.gpu: dict[int, GpuTier] = {}
-        # Per DRAM segment, the write grants still valid (pushed by the master: FenceWrites).
-        self.fences: dict[int, WriteFence] = {}
+        # Per DRAM segment, which write grants still work and what they wrote (fences from
+        # the mount reply and FenceWrites, seals): node/write_gate.py.
+        self.gate = WriteGate()
         self.reads = 0
         self.writes = 0
         self.denied = 0
@@ -73,6 +77,26 @@ class DataAccess:
 
     def check(self, grant_blob: bytes, offset: int, size_bytes: int, mode: GrantMode) -> int:
         """Return the granted segment id, or raise AccessDeniedError."""
+        return self._check(grant_blob, offset, size_bytes, mode).segment_id
+
+    def admit_write(self, grant_blob: bytes, offset: int, size_bytes: int) -> PendingWrite:
+        """Check a WRITE and note it as being received: `finish_write` once its payload has
+        completely landed (its bytes are then sealed against its grant), `abandon_write` when
+        it fails part-way.  Raises AccessDeniedError (GrantExpiredError) when refused."""
+        grant = self._check(grant_blob, offset, size_bytes, GrantMode.WRITE)
+        return self.gate.begin(
+            grant.segment_id, grant.generation, offset, offset + size_bytes, grant.expires_ms
+        )
+
+    def finish_write(self, write: PendingWrite) -> None:
+        self.gate.finish(write, int(time.time() * 1000))
+        self.writes += 1
+        self.write_bytes += write.end - write.start
+
+    def abandon_write(self, write: PendingWrite) -> None:
+        self.gate.abandon(write)
+
+    def _check(self, grant_blob: bytes, offset: int, size_bytes: int, mode: GrantMode) -> Grant:
         grant = verify_grant(self.secret, grant_blob)
         problem = None
         refusal: type[AccessDeniedError] = AccessDeniedError
@@ -89,20 +113,15 @@ class DataAccess:
             problem = "extent lies beyond the end of the segment"
         elif mode is GrantMode.WRITE and grant.segment_id not in self.dram:
             problem = "only the DRAM tier is written by clients"
-        elif mode is GrantMode.WRITE and not self._write_open(grant.segment_id, grant.generation):
-            problem = (
-                "write grant ended: its put was committed, revoked or removed (or timed out); "
-                "start a new put"
+        elif mode is GrantMode.WRITE:
+            problem = self.gate.refusal(
+                grant.segment_id, grant.generation, offset, offset + size_bytes
             )
         if problem is not None:
             self.denied += 1
             raise refusal(problem)
         assert grant is not None
-        return grant.segment_id
-
-    def _write_open(self, segment_id: int, generation: int) -> bool:
-        fence = self.fences.get(segment_id)
-        return fence is None or fence.admits(generation)
+        return grant
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -119,6 +138,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._size = 0
         self._grant_len = 0
         self._drain_left = 0  # payload bytes of a refused WRITE still to discard
+        self._write: PendingWrite | None = None  # the WRITE whose payload is being received
         self._staging: tuple[NvmeTier | GpuTier, mmap.mmap] | None = None  # last staged reply
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -127,6 +147,9 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._drop_staging()
+        if self._write is not None:  # lost mid-payload: nothing of it is sealed
+            self.access.abandon_write(self._write)
+            self._write = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._target[self._filled :]
@@ -163,8 +186,9 @@ class _Connection(asyncio.BufferedProtocol):
         elif self._stage == "readv":
             self._readv(self._target)
         elif self._stage == "payload":
-            self.access.writes += 1
-            self.access.write_bytes += len(self._target)
+            assert self._write is not None
+            self.access.finish_write(self._write)  # sealed: its grant cannot write it again
+            self._write = None
             self._reply(OK, b"")
             self._expect("header", memoryview(self._header))
         elif self._stage == "drain":
@@ -217,8 +241,9 @@ class _Connection(asyncio.BufferedProtocol):
             self.access.read_bytes += size
             self._expect("header", memoryview(self._header))
         else:
-            segment_id = self.access.check(grant, offset, size, GrantMode.WRITE)
-            view = self.access.dram[segment_id]
+            write = self.access.admit_write(grant, offset, size)
+            self._write = write
+            view = self.access.dram[write.segment_id]
             self._expect("payload", view[offset : offset + size])
 
     def _readv(self, entries: memoryview) -> None:

@@ -1,7 +1,8 @@
 """The node's gRPC DataService: Write and Read of granted extents, for clients in any language.
 
 The same grants as the TCP data path (node/data_server.py) decide every access, through the
-same `DataAccess.check`; the bytes go straight into (or out of) the node's tiers.  Replies
+same `DataAccess` checks (a write's bytes are sealed against its grant once the stream has
+delivered all of them); the bytes go straight into (or out of) the node's tiers.  Replies
 carry a `Status` (absent or code 0 on success, see docs/PROTOCOL.md) instead of gRPC errors, so
 a refusal is always told as a refusal.  Writes report the chunked checksum of what arrived
 (docs/CHECKSUM.md); reads verify the stored checksum first when the client passes it, so a
@@ -57,6 +58,7 @@ class DataServicer(pb_grpc.DataServiceServicer):
     async def Write(
         self, request_iterator: AsyncIterator[pb.WriteChunk], context: Any
     ) -> pb.WriteResult:
+        write = None
         try:
             view, size = None, 0
             received = 0
@@ -65,8 +67,8 @@ class DataServicer(pb_grpc.DataServiceServicer):
                     size = chunk.size_bytes
                     if size == 0:
                         raise InvalidArgumentError("the first WriteChunk must give size_bytes > 0")
-                    segment = self.access.check(chunk.grant, chunk.offset, size, GrantMode.WRITE)
-                    view = self.access.dram[segment][chunk.offset : chunk.offset + size]
+                    write = self.access.admit_write(chunk.grant, chunk.offset, size)
+                    view = self.access.dram[write.segment_id][chunk.offset : chunk.offset + size]
                 data = chunk.data
                 if received + len(data) > size:
                     raise DataPathError(f"more than size_bytes ({size}) bytes in the stream")
@@ -76,13 +78,17 @@ class DataServicer(pb_grpc.DataServiceServicer):
                 raise InvalidArgumentError("empty Write stream: send the grant first")
             if received != size:
                 raise DataPathError(f"the stream ended after {received} of {size} bytes")
+            assert write is not None
+            self.access.finish_write(write)  # sealed: its grant cannot write it again
+            write = None
             loop = asyncio.get_running_loop()
             digest = await loop.run_in_executor(self.executor, checksum, view)
         except MooncakeError as exc:
             return pb.WriteResult(status=_status(exc))
+        finally:
+            if write is not None:  # failed part-way (or the call was cancelled): not sealed
+                self.access.abandon_write(write)
         self.writes += 1
-        self.access.writes += 1
-        self.access.write_bytes += size
         return pb.WriteResult(status=pb.Status(code=OK), checksum=digest, checksum_str=str(digest))
 
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadChunk]:

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -30,6 +32,7 @@ from mooncake_store.common.credentials import discover_token, is_loopback, read_
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import OK, AccessDeniedError, InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
+from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.common.units import format_size
@@ -44,6 +47,7 @@ from mooncake_store.node.metrics import node_registry
 from mooncake_store.node.nvme import NvmeTier
 from mooncake_store.node.pool import SharedPool
 from mooncake_store.node.shm_server import ShmServer
+from mooncake_store.node.write_gate import OPEN
 
 log = logging.getLogger("mooncake.node")
 
@@ -98,6 +102,7 @@ class StoreNode:
         self.nvme: NvmeTier | None = None
         self.gpu: GpuTier | None = None
         self.access: DataAccess | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
         self.control_port: int | None = None
         self.node_id = config.node_id
@@ -131,6 +136,8 @@ class StoreNode:
         )
         self.access = DataAccess(self.secret, self._io)
         self.access.dram[self.segment_id] = self.pool.view
+        self.access.gate.close(self.segment_id)  # no client writes until the mount's fence
+        self._loop = loop
         inventory_note = ""
         if cfg.nvme_dir:
             self.nvme = await loop.run_in_executor(None, NvmeTier, cfg.nvme_dir, cfg.nvme_bytes)
@@ -169,7 +176,7 @@ class StoreNode:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         control = self.control = NodeControl(
             self.access.dram, self.access.nvme, self.access.gpu, self._io,
-            tls=tls.client_context() if tls.serves else None, fences=self.access.fences,
+            tls=tls.client_context() if tls.serves else None, gate=self.access.gate,
             verifier=self.verifier, fetch_timeout_s=cfg.fetch_timeout_s,
         )  # fmt: skip
         pb_grpc.add_NodeServiceServicer_to_server(control, self._grpc)
@@ -193,7 +200,7 @@ class StoreNode:
             cfg.master, self._mount_request, tls=tls, token=token, node_secret=secret,
             max_message_bytes=cfg.master_max_message_bytes,
             call_timeout_s=cfg.master_call_timeout_s,
-            unmount_timeout_s=cfg.unmount_timeout_s,
+            unmount_timeout_s=cfg.unmount_timeout_s, on_fences=self._take_fences,
         )  # fmt: skip
         if self.token:  # found while the link built its first mount request
             self._link.set_token(bearer(self.token), node_secret_of(self.token))
@@ -206,6 +213,26 @@ class StoreNode:
         self._link.start()
         self._tracker = loop.create_task(self._track_mount())
         return self.port
+
+    def _take_fences(self, fences: Mapping[int, WriteFence] | None) -> None:
+        """The master link's hook (on its thread): close the DRAM segment to writes before
+        mounting afresh (None), or take the fence a mount reply gives it; the seals of the
+        generations it ends are dropped on the event loop.  A reply without a fence for the
+        segment (a master from before fences at mount) opens it: its pushes fence it."""
+        access, loop = self.access, self._loop
+        if access is None:
+            return
+        if fences is None:
+            access.gate.close(self.segment_id)
+            return
+        access.gate.mounted(self.segment_id, fences.get(self.segment_id, OPEN))
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(
+                    access.gate.prune, self.segment_id, int(time.time() * 1000)
+                )
+            except RuntimeError:  # the loop closed: the node is stopping
+                pass
 
     def _adopt_token(self, token: str) -> None:
         """Take `token` as this node's credential: derive this incarnation's grant key (the

@@ -1,0 +1,148 @@
+"""Write grants end at once (issue 11): a put's grant cannot rewrite the bytes it wrote, even
+before the master's next write fence, and a node mounted afresh refuses older grants.
+
+Puts are driven by hand here (MasterClient PutStart, a raw data-path WRITE with the grant,
+PutEnd), as a client misusing its own grant would, against a real master and node."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from mooncake_store import Client
+from mooncake_store.client.master_client import MasterClient, put_end_call, put_revoke_call
+from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation, Retry
+from mooncake_store.cluster import LocalCluster
+from mooncake_store.common.checksum import checksum
+from mooncake_store.common.errors import OK, AccessDeniedError
+from mooncake_store.common.wire import RESPONSE, Op, pack_request
+from tests.conftest import FAST_MASTER, wait_until
+
+VALUE = os.urandom(256 * 1024)
+# No tick within a test: no write fence is pushed, so only the seal can refuse a write.
+SLOW_TICKS = [*FAST_MASTER, "--tick-interval", "1h"]
+
+
+@pytest.fixture(scope="module")
+def no_fences(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("grants")
+    with LocalCluster(root, nodes=1, dram="16MiB", master_args=SLOW_TICKS) as cluster:
+        yield cluster
+
+
+class Master:
+    """One MasterClient connection kept for a whole test (the master revokes a connection's
+    pending puts when it closes), driven from blocking test code."""
+
+    def __init__(self, address: str) -> None:
+        self.loop = asyncio.new_event_loop()
+
+        async def connect() -> MasterClient:  # grpc.aio binds the channel to this loop
+            return MasterClient(address, timeout_s=5, retry=Retry())
+
+        self.client = self.loop.run_until_complete(connect())
+
+    def __enter__(self) -> Master:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
+
+    def run(self, call: object) -> object:
+        return self.loop.run_until_complete(self.client.run(call))  # type: ignore[arg-type]
+
+    def put_start(self, key: str, size: int) -> ReplicaLocation:
+        [plan] = self.loop.run_until_complete(self.client.put_start([PutSpec(key, size)]))
+        assert isinstance(plan, PutPlan) and not plan.already_exists, plan
+        (loc,) = plan.replicas
+        return loc
+
+
+def write(sock: socket.socket, loc: ReplicaLocation, data: bytes, at: int = 0) -> tuple[int, str]:
+    """One data-path WRITE of `data` at `at` bytes into the replica: (status, message)."""
+    sock.sendall(pack_request(Op.WRITE, loc.grant, loc.offset + at, len(data)) + data)
+    header = sock.recv(RESPONSE.size, socket.MSG_WAITALL)
+    status, _, length = RESPONSE.unpack(header)
+    message = sock.recv(length, socket.MSG_WAITALL) if length else b""
+    return status, message.decode()
+
+
+def connect(loc: ReplicaLocation) -> socket.socket:
+    host, _, port = loc.endpoint.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def test_a_put_grant_cannot_rewrite_its_committed_bytes_before_any_fence(no_fences):
+    master = no_fences.master_address
+    half = len(VALUE) // 2
+    with Master(master) as calls, connect(loc := calls.put_start("sealed", len(VALUE))) as sock:
+        # One grant, several writes at disjoint ranges: all of them work.
+        assert write(sock, loc, VALUE[:half]) == (OK, "")
+        assert write(sock, loc, VALUE[half:], at=half) == (OK, "")
+        [replicas] = calls.run(put_end_call([("sealed", checksum(VALUE), [])]))
+        assert replicas == 1
+        # The master ticks once an hour, so no fence has reached the node: the seal refuses.
+        for at, size in ((0, len(VALUE)), (half, 4096), (half - 1, 2)):
+            status, message = write(sock, loc, b"\xee" * size, at=at)
+            assert status == AccessDeniedError.code
+            assert "already used for these bytes" in message
+        assert write(sock, loc, b"", at=0) == (OK, "")  # zero bytes overlap nothing
+    with Client(master) as store:
+        assert store.get("sealed") == VALUE
+
+
+def test_a_write_cut_off_mid_payload_seals_nothing(no_fences):
+    master = no_fences.master_address
+    with Master(master) as calls:
+        loc = calls.put_start("cut", len(VALUE))
+        with connect(loc) as sock:  # half the payload, then the connection is gone
+            sock.sendall(pack_request(Op.WRITE, loc.grant, loc.offset, len(VALUE)) + VALUE[:999])
+
+        def retried() -> bool:  # refused only until the node has seen that connection go
+            with connect(loc) as sock:
+                status, message = write(sock, loc, VALUE)
+            assert status == OK or "being written" in message, message
+            return status == OK
+
+        wait_until(retried, what="the node to drop the cut-off write")  # then it works
+        assert calls.run(put_end_call([("cut", checksum(VALUE), [])])) == [1]
+    with Client(master) as store:
+        assert store.get("cut") == VALUE
+
+
+def test_a_revoked_puts_written_bytes_are_sealed_too(no_fences):
+    with Master(no_fences.master_address) as calls:
+        loc = calls.put_start("revoked", len(VALUE))
+        sock = connect(loc)
+        assert write(sock, loc, VALUE) == (OK, "")
+        assert calls.run(put_revoke_call(["revoked"])) == [None]
+    with sock:
+        status, message = write(sock, loc, VALUE)
+        assert status == AccessDeniedError.code and "already used" in message
+
+
+def test_a_node_mounted_again_refuses_grants_issued_before_the_mount(tmp_path):
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        master = cluster.master_address
+        with Master(master) as calls:  # granted, never written
+            loc = calls.put_start("before-restart", len(VALUE))
+        assert cluster.master is not None
+        cluster.master.signal(signal.SIGKILL)
+        cluster.master.proc.wait()
+        cluster.start_master()  # same port and data: the node mounts on it again
+        cluster.wait_for_nodes(1)
+        with Client(master) as store:  # the node serves the new master's puts
+            store.put("after-restart", VALUE)
+            assert store.get("after-restart") == VALUE
+        with connect(loc) as sock:
+            status, message = write(sock, loc, b"\xee" * len(VALUE))
+        assert status == AccessDeniedError.code
+        assert "write grant ended" in message
+        with Client(master) as store:
+            assert store.get("after-restart") == VALUE
