@@ -7,10 +7,12 @@ and that the access lies inside the granted extent, so a client can touch only a
 master told it about, and only while its put window or read lease lasts.  Expiry is wall-clock
 (milliseconds since the epoch), so master and nodes on different hosts need synchronised clocks.
 
-A WRITE grant also names its put's `generation` (unique per put in the master's lifetime).  The
-master pushes each node a write fence per segment (`WriteFence`): generations below `floor` are
-ended unless listed `open`, so a write grant stops working once its put was committed, revoked or
-removed (within a master tick), long before its expiry.
+A WRITE grant also names its put's `generation` (unique per put in the master's lifetime).  A
+node seals the bytes each write put in place against its generation, so a grant never writes
+the same byte twice; and the master gives each node write fences per segment (`WriteFence`, in
+the mount reply and pushed after puts end): generations below `floor` are ended unless listed
+`open`, so a write grant stops working once its put was committed, revoked or removed (within a
+master tick), long before its expiry.  See node/write_gate.py and master/fences.py.
 """
 
 from __future__ import annotations

@@ -1,15 +1,28 @@
 """Write fences (pure): when a put's write grant has stopped working on its node.
 
-A WRITE grant names its put's generation (`common/grant.py`).  The master pushes each node a
-fence per DRAM segment after puts ended (each tick): generations below `floor` are ended unless
-listed `open` (puts still being written).  A put that ends without a commit (revoked, timed
-out, its client gone) may still have a write on its way to the node, so its extent is given to
-nobody else until the node has acknowledged a fence that ends it (or the grant's own expiry has
-passed): the free is held here.  A committed put's grants end with the next fence too; its
-extent is freed as usual (only a client misusing its own finished grant could write there, and
-only until that fence).  Generations are unique per put in the
+A WRITE grant names its put's generation (`common/grant.py`).  Two rules end it on the node
+(`node/write_gate.py`):
+
+- A grant writes each byte once: the node seals a write's bytes against its generation as soon
+  as they landed.  So whatever a put wrote over TCP or gRPC, its grant cannot change again: not
+  after PutEnd, PutRevoke or Remove, with no message from the master.
+- A fence ends the rest (bytes a grant never wrote): the master pushes each node a fence per
+  DRAM segment after puts ended (each tick): generations below `floor` are ended unless listed
+  `open` (puts still being written); and each mount reply carries the segment's first fence, so
+  a node mounted afresh refuses every grant issued before the mount.
+
+What a free must wait for, then: a put that ends without a commit (revoked, timed out, its
+client gone, an unused allocation lease given back) may still have a write on its way, or its
+grant may never have written, so its extent is given to nobody else until the node has
+acknowledged a fence that ends the put (or the grant's own expiry has passed): the free is held
+here.  A committed put's extent is freed as usual when the block is removed or evicted: its
+writer's grant is sealed over the bytes it wrote.  The one window left is a client committing
+bytes it never wrote through its grant (it wrote them over same-host shared memory, which
+grants do not govern, or not at all): that grant could write into the extent's next owner until
+the next fence, which the owner's checksum catches.  Generations are unique per put in the
 master's lifetime and start from the wall clock in microseconds, so a restarted master's puts
-never reuse an earlier master's generations.
+never reuse an earlier master's generations (a wall clock stepped back past the earlier master's
+life would break that: the tolerance is the clocks' usual one, see common/clock.py).
 """
 
 from __future__ import annotations

@@ -97,8 +97,10 @@ class ExtentFrees(ReplicaRelocation):
                 and not self.fences.ended(seg, generation)
             ):
                 # A write of the put may still be on its way to the node (a client revokes a
-                # put when a write failed or timed out): nobody else gets the extent until the
-                # node has taken a fence that ends the put's grants.
+                # put when a write failed or timed out), or its grant never wrote and so is not
+                # sealed (node/write_gate.py): nobody else gets the extent until the node has
+                # taken a fence that ends the put's grants.  A committed put's bytes were
+                # written, so sealed against its grant: freed as usual (fences.py).
                 until = self._created[slot] + self.config.put_timeout_s + FENCE_SLACK_S
                 self.fences.hold(seg, HeldFree(generation, seg.generation, r.offset,
                                                size_bytes, free_at_s, until))  # fmt: skip
