@@ -123,3 +123,32 @@ def test_short_write_stream_is_refused_and_leaves_nothing(grpc_cluster):
         stub.PutRevoke(pb.KeyRequest(key="g/short"), metadata=md)
     with Client(grpc_cluster.master_address) as store:
         assert not store.exists("g/short")
+
+
+def test_a_grpc_write_grant_writes_its_bytes_once(grpc_cluster):
+    """The gRPC Write seals what it delivered against its grant, as the TCP path does: a stream
+    cut short seals nothing, a complete one cannot be sent again (node/write_gate.py)."""
+    value = os.urandom(10000)
+    master = grpc_cluster.master_address
+    with grpc.insecure_channel(master) as channel:
+        stub = pb_grpc.MasterServiceStub(channel)
+        md = master_metadata(master)
+        start = stub.PutStart(pb.PutStartItem(key="g/once", size_bytes=len(value)), metadata=md)
+        loc = start.replicas[0]
+        with grpc.insecure_channel(loc.grpc_endpoint) as node:
+            data = pb_grpc.DataServiceStub(node)
+
+            def write(payload: bytes) -> pb.WriteResult:
+                chunk = pb.WriteChunk(
+                    grant=loc.grant, offset=loc.offset, size_bytes=len(value), data=payload
+                )
+                return data.Write(iter([chunk]))
+
+            assert write(value[:5000]).status.code != OK  # cut short: nothing sealed
+            assert ok(write(value).status)
+            again = write(b"x" * len(value))
+            assert again.status.code == AccessDeniedError.code
+            assert "already used for these bytes" in again.status.message
+        end = stub.PutEnd(pb.PutEndItem(key="g/once", checksum=checksum(value)), metadata=md)
+        assert ok(end.status), end.status
+    assert grpc_get(master, "g/once") == value
