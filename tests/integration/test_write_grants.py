@@ -2,22 +2,25 @@
 before the master's next write fence, and a node mounted afresh refuses older grants.
 
 Puts are driven by hand here (MasterClient PutStart, a raw data-path WRITE with the grant,
-PutEnd), as a client misusing its own grant would, against a real master and node."""
+PutEnd), as a client misusing its own grant would, against a real master and node (in-process:
+InProcessCluster)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from mooncake_store import Client
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.client.master_client import MasterClient, put_end_call, put_revoke_call
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation, Retry
-from mooncake_store.cluster import LocalCluster
+from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
@@ -29,9 +32,9 @@ SLOW_TICKS = [*FAST_MASTER, "--tick-interval", "1h"]
 
 
 @pytest.fixture(scope="module")
-def no_fences(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def no_fences(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]:
     root = tmp_path_factory.mktemp("grants")
-    with LocalCluster(root, nodes=1, dram="16MiB", master_args=SLOW_TICKS) as cluster:
+    with InProcessCluster(root, nodes=1, dram="16MiB", master_args=SLOW_TICKS) as cluster:
         yield cluster
 
 
@@ -128,16 +131,15 @@ def test_a_revoked_puts_written_bytes_are_sealed_too(no_fences):
 
 
 def test_a_node_mounted_again_refuses_grants_issued_before_the_mount(tmp_path):
-    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
         master = cluster.master_address
         with Master(master) as calls:  # granted, never written
             loc = calls.put_start("before-restart", len(VALUE))
         assert cluster.master is not None
-        cluster.master.signal(signal.SIGKILL)
-        cluster.master.proc.wait()
+        cluster.master.stop()
         cluster.start_master()  # same port and data: the node mounts on it again
         cluster.wait_for_nodes(1)
-        with Client(master) as store:  # the node serves the new master's puts
+        with Client(master) as store:  # the new master's puts (its generations) are served
             store.put("after-restart", VALUE)
             assert store.get("after-restart") == VALUE
         with connect(loc) as sock:
@@ -146,3 +148,31 @@ def test_a_node_mounted_again_refuses_grants_issued_before_the_mount(tmp_path):
         assert "write grant ended" in message
         with Client(master) as store:
             assert store.get("after-restart") == VALUE
+
+
+def test_a_node_the_master_forgot_refuses_grants_of_its_earlier_mount(tmp_path):
+    """The master drops the node (here: an UnmountSegment, as after a missed-heartbeat drop) and
+    with it the pending put; the node learns it from its next heartbeat, mounts again under the
+    same incarnation and segment, and the earlier mount's grants no longer work there."""
+    args = [*SLOW_TICKS, "--auth", "off"]  # the test sends the node's UnmountSegment itself
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+        master, node = cluster.master_address, cluster.nodes[0]
+        with Master(master) as calls:
+            loc = calls.put_start("forgotten", len(VALUE))
+            with grpc.insecure_channel(master) as channel:
+                pb_grpc.MasterServiceStub(channel).UnmountSegment(
+                    pb.UnmountSegmentRequest(
+                        node_id=node.node_id, incarnation=node.server.incarnation
+                    ),
+                    timeout=5,
+                )
+            cluster.wait_for_nodes(1)  # mounted again, the same segment id
+            with Client(master) as store:
+                store.put("remounted", VALUE)
+                assert store.get("remounted") == VALUE
+            with connect(loc) as sock:
+                status, message = write(sock, loc, b"\xee" * len(VALUE))
+            assert status == AccessDeniedError.code
+            assert "write grant ended" in message
+        with Client(master) as store:
+            assert store.get("remounted") == VALUE
