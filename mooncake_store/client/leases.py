@@ -54,6 +54,7 @@ class LeasePool:
         # A class the master granted fewer leases than asked (its share of the pools is
         # used up): batches of more than that go two-phase without asking again.
         self._granted_at_most: dict[tuple[int, int], int] = {}
+        self._retired: list[str] = []  # leases to release with the next leased call
         self._lock = threading.Lock()
 
     def take(self, specs: Sequence[PutSpec]) -> list[Lease] | None:
@@ -78,6 +79,18 @@ class LeasePool:
         with self._lock:
             for lease in leases:
                 self._held.setdefault((lease.size_bytes, lease.replicas), []).append(lease)
+
+    def retire(self, leases: Sequence[Lease]) -> None:
+        """Leases a deduplicated put wrote over TCP or gRPC: the node sealed those bytes against
+        their grants (node/write_gate.py), so they cannot be written again.  They are released
+        with the next leased call (`take_retired`) instead of being kept."""
+        with self._lock:
+            self._retired += [lease.lease_id for lease in leases]
+
+    def take_retired(self) -> list[str]:
+        with self._lock:
+            out, self._retired = self._retired, []
+        return out
 
     def wanted(self, specs: Sequence[PutSpec]) -> list[pb.LeaseRequest]:
         """What to ask for to serve the next batch like `specs` from leases."""
@@ -119,7 +132,9 @@ class LeasePool:
         """Every held lease id (to give back when the client closes)."""
         with self._lock:
             ids = [lease.lease_id for held in self._held.values() for lease in held]
+            ids += self._retired
             self._held.clear()
+            self._retired = []
         return ids
 
     @staticmethod

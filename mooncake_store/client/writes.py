@@ -258,7 +258,7 @@ class WriteFlows(LocalPools):
             raise
         landed = [(p, lease) for p, lease in zip(pending, leases, strict=True) if p.landed()]
         unused = [lease.lease_id for p, lease in zip(pending, leases, strict=True)
-                  if not p.landed()]  # fmt: skip
+                  if not p.landed()] + self._leases.take_retired()  # fmt: skip
         outcomes: list[LeasedOutcome] = []
         granted: list[pb.Lease] = []
         if landed or unused:
@@ -273,8 +273,11 @@ class WriteFlows(LocalPools):
         for (p, lease), outcome in zip(landed, outcomes, strict=True):
             if outcome.error is not None:  # the lease failed: nothing visible, put it again
                 redo.append(p)
-            elif outcome.already_exists:
-                self._leases.give_back([lease])
+            elif outcome.already_exists:  # the lease was not used: kept, unless its grants
+                if all(self._mapped(loc) is not None for loc in lease.locations):
+                    self._leases.give_back([lease])
+                else:  # wrote bytes over TCP, which are sealed against them now
+                    self._leases.retire([lease])
                 p.plan = PutPlan(True, [])
             else:
                 committed[p.key] = outcome.replicas

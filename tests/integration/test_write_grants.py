@@ -176,3 +176,19 @@ def test_a_node_the_master_forgot_refuses_grants_of_its_earlier_mount(tmp_path):
             assert "write grant ended" in message
         with Client(master) as store:
             assert store.get("remounted") == VALUE
+
+
+def test_a_lease_a_deduplicated_put_wrote_over_tcp_is_replaced_not_reused(no_fences):
+    """A leased put of a key already stored wrote the value into the lease over TCP before the
+    master said "deduplicated": that lease's grant is sealed over those bytes, so the client
+    releases it rather than keeping it, and the next put of that size is still one call."""
+    value = os.urandom(len(VALUE))
+    with Client(no_fences.master_address, leases=True, local_shm=False) as store:
+        store.put("dedup/a", value)  # two-phase; its PutEnd brings a lease
+        assert store.put("dedup/a", value).deduplicated  # leased: written, then deduplicated
+        calls = store.counters["framed_calls"]
+        other = os.urandom(len(VALUE))
+        assert not store.put("dedup/b", other).deduplicated
+        assert store.counters["framed_calls"] == calls + 1  # no refused write, no retry
+        assert store.counters["leased_puts"] == 1
+        assert store.get_many(["dedup/a", "dedup/b"]) == [value, other]
