@@ -94,7 +94,7 @@ class CudaPath:
 
     @property
     def verify(self) -> str:
-        """ "gpu" or "cpu": who computes the checksum of a device buffer (see the module
+        """Who computes the checksum of a device buffer: "gpu" or "cpu" (see the module
         docstring); "auto" until the first device buffer settles it."""
         return self._mode
 

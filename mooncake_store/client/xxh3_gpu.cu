@@ -7,24 +7,29 @@
  *     of what each adds to accumulator `lane` (XXH3's stripes only add; no term depends on the
  *     accumulators).  Writes sums[(chunk * SLOTS + slot) * 8 + lane].  Memory-bound, every
  *     block and lane in parallel.
- *   xxh3_finish: one thread per chunk: the scan over its full blocks (add the sum, scramble),
- *     the partial block's sum, the last stripe, the merge and the avalanche.  Writes
- *     digests[chunk]; a chunk of <= 240 bytes (XXH3's short paths) gets 0 and is hashed by the
- *     host from its bytes.
+ *   xxh3_finish: eight threads per chunk, one per lane (lanes never mix before the merge): the
+ *     scan over the chunk's full blocks (add the sum, scramble; the sums are loaded SCAN_BATCH
+ *     at a time so the loads overlap), the partial block's sum and the last stripe; then the
+ *     lanes meet (warp shuffles) and the chunk's first thread merges them and runs the
+ *     avalanche.  Writes digests[chunk]; a chunk of <= 240 bytes (XXH3's short paths) gets 0
+ *     and is hashed by the host from its bytes.
  *
  * The secret (XXH3's default 192 bytes) is passed in by the caller, who owns the only copy
  * (common/xxh3_blocks.SECRET).
  *
  * The same file compiles as plain C (gcc -x c): the device qualifiers become `static inline`
  * and xxh3_block_sums_grid / xxh3_finish_grid run the kernels' threads in a loop over the same
- * grid, so the arithmetic and the indexing are tested on a host without a GPU
+ * grid (a chunk's eight lane threads one after the other, then its merge, where the GPU
+ * shuffles), so the arithmetic and the indexing are tested on a host without a GPU
  * (tests/unit/test_xxh3_gpu.py).  No header is included: NVRTC (cupy.RawModule) has none.
  */
 
 #ifdef __CUDACC__
 #define XXH_DEV __device__ __forceinline__
 #define XXH_KERNEL extern "C" __global__
+#define XXH_UNROLL _Pragma("unroll")
 #else
+#define XXH_UNROLL
 #define XXH_DEV static inline
 #define XXH_KERNEL
 #endif
@@ -42,6 +47,7 @@ typedef unsigned char u8;
 #define SECRET_BYTES 192ULL
 #define LASTACC_START 7ULL
 #define MERGEACCS_START 11ULL
+#define SCAN_BATCH 32 /* block sums loaded ahead by one lane's scan */
 
 #define PRIME32_1 0x9E3779B1ULL
 #define PRIME32_2 0x85EBCA77ULL
@@ -85,9 +91,9 @@ XXH_DEV u64 lane_term(const u8 *stripe, const u8 *key, u64 lane) {
     return swapped + (keyed & 0xFFFFFFFFULL) * (keyed >> 32);
 }
 
-XXH_DEV u64 scramble(u64 acc, const u8 *secret, u64 lane) {
+XXH_DEV u64 scramble(u64 acc, u64 key) {
     acc ^= acc >> 47;
-    acc ^= read_le64(secret + SECRET_BYTES - STRIPE + 8 * lane);
+    acc ^= key;
     return acc * PRIME32_1;
 }
 
@@ -115,30 +121,41 @@ XXH_DEV void block_sums_thread(u64 gid, const u8 *data, u64 n, const u8 *secret,
     sums[slot_global * 8 + lane] = sum;
 }
 
-XXH_DEV void finish_thread(u64 chunk, const u8 *data, u64 n, const u8 *secret, const u64 *sums,
-                           u64 *digests) {
+XXH_DEV u64 chunk_length(u64 chunk, u64 n) {
     u64 start = chunk * CHUNK_BYTES;
-    if (start >= n) return;
-    u64 length = min_u64(CHUNK_BYTES, n - start);
-    if (length <= MIDSIZE_MAX) {
-        digests[chunk] = 0; /* XXH3's short paths: the host hashes these bytes */
-        return;
-    }
-    u64 acc[8] = {PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3,
-                  PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1};
-    const u64 *row = sums + chunk * SLOTS * 8;
+    return start >= n ? 0 : min_u64(CHUNK_BYTES, n - start);
+}
+
+/* Accumulator `lane` of a chunk of `length` (> 240) bytes, up to the merge. */
+XXH_DEV u64 scan_lane(u64 chunk, u64 lane, u64 length, const u8 *data, const u8 *secret,
+                      const u64 *sums) {
+    u64 acc = lane == 0 ? PRIME32_3 : lane == 1 ? PRIME64_1 : lane == 2 ? PRIME64_2
+            : lane == 3 ? PRIME64_3 : lane == 4 ? PRIME64_4 : lane == 5 ? PRIME32_2
+            : lane == 6 ? PRIME64_5 : PRIME32_1; /* XXH3's initial accumulators */
+    u64 key = read_le64(secret + SECRET_BYTES - STRIPE + 8 * lane);
+    const u64 *sum = sums + chunk * SLOTS * 8 + lane; /* slot b's sum is sum[8 * b] */
     u64 full = (length - 1) / BLOCK;
-    for (u64 b = 0; b < full; ++b, row += 8)
-        for (u64 lane = 0; lane < 8; ++lane) acc[lane] = scramble(acc[lane] + row[lane], secret, lane);
-    const u8 *last = data + start + length - STRIPE;
-    for (u64 lane = 0; lane < 8; ++lane)
-        acc[lane] += row[lane] + lane_term(last, secret + SECRET_BYTES - STRIPE - LASTACC_START, lane);
+    u64 b = 0;
+    for (; b + SCAN_BATCH <= full; b += SCAN_BATCH) {
+        u64 batch[SCAN_BATCH];
+        XXH_UNROLL
+        for (int i = 0; i < SCAN_BATCH; ++i) batch[i] = sum[8 * (b + i)];
+        XXH_UNROLL
+        for (int i = 0; i < SCAN_BATCH; ++i) acc = scramble(acc + batch[i], key);
+    }
+    for (; b < full; ++b) acc = scramble(acc + sum[8 * b], key);
+    const u8 *last = data + chunk * CHUNK_BYTES + length - STRIPE;
+    const u8 *last_key = secret + SECRET_BYTES - STRIPE - LASTACC_START;
+    return acc + sum[8 * full] + lane_term(last, last_key, lane);
+}
+
+XXH_DEV u64 merge_lanes(const u64 *acc, u64 length, const u8 *secret) {
     u64 result = length * PRIME64_1;
     const u8 *merge = secret + MERGEACCS_START;
     for (u64 i = 0; i < 4; ++i)
         result += mul128_fold64(acc[2 * i] ^ read_le64(merge + 16 * i),
                                 acc[2 * i + 1] ^ read_le64(merge + 16 * i + 8));
-    digests[chunk] = avalanche(result);
+    return avalanche(result);
 }
 
 #ifdef __CUDACC__
@@ -148,10 +165,18 @@ XXH_KERNEL void xxh3_block_sums(const u8 *data, u64 n, const u8 *secret, u64 *su
     block_sums_thread(gid, data, n, secret, sums);
 }
 
+/* blockDim.x must be a multiple of 8, so a chunk's eight lanes share a warp. */
 XXH_KERNEL void xxh3_finish(const u8 *data, u64 n, const u8 *secret, const u64 *sums,
                             u64 *digests) {
-    u64 chunk = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    finish_thread(chunk, data, n, secret, sums, digests);
+    u64 gid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 chunk = gid >> 3, lane = gid & 7ULL;
+    u64 length = chunk_length(chunk, n);
+    u64 mine = length > MIDSIZE_MAX ? scan_lane(chunk, lane, length, data, secret, sums) : 0;
+    u64 acc[8];
+    unsigned first = threadIdx.x & ~7U; /* every thread of the warp takes part */
+    for (int j = 0; j < 8; ++j) acc[j] = __shfl_sync(0xFFFFFFFFU, mine, (int)(first + j) & 31);
+    if (lane == 0 && length > 0)
+        digests[chunk] = length > MIDSIZE_MAX ? merge_lanes(acc, length, secret) : 0;
 }
 
 #else /* the host build: the kernels' threads, one after the other */
@@ -164,8 +189,18 @@ void xxh3_block_sums_grid(u32 grid, u32 block, const u8 *data, u64 n, const u8 *
 
 void xxh3_finish_grid(u32 grid, u32 block, const u8 *data, u64 n, const u8 *secret,
                       const u64 *sums, u64 *digests) {
-    for (u64 chunk = 0; chunk < (u64)grid * block; ++chunk)
-        finish_thread(chunk, data, n, secret, sums, digests);
+    for (u64 chunk = 0; chunk < ((u64)grid * block) >> 3; ++chunk) {
+        u64 length = chunk_length(chunk, n);
+        if (length == 0) continue;
+        if (length <= MIDSIZE_MAX) {
+            digests[chunk] = 0;
+            continue;
+        }
+        u64 acc[8];
+        for (u64 lane = 0; lane < 8; ++lane)
+            acc[lane] = scan_lane(chunk, lane, length, data, secret, sums);
+        digests[chunk] = merge_lanes(acc, length, secret);
+    }
 }
 
 #endif

@@ -143,7 +143,7 @@ def test_launch_covers_every_chunk_with_the_documented_grids(host_kernels):
     _host_checksum(host_kernels, _data(3 * MIB + 4093))
     g = Geometry(3 * MIB + 4093)
     assert g.chunks == 4
-    assert host_kernels.launches == [("block_sums", g.sums_grid, 256), ("finish", 1, 32)]
+    assert host_kernels.launches == [("block_sums", g.sums_grid, 256), ("finish", 1, 64)]
     assert g.sums_grid * 256 >= 4 * 1024 * 8
 
 
