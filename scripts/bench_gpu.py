@@ -147,7 +147,7 @@ def set_verify(path, mode: str) -> bool:
     GPU checksum cannot run here (it failed to build or its self-test)."""
     path.verify = mode
     try:
-        path._gpu_checksum()
+        path.gpu_checksum()
     except Exception as exc:
         print(f"  verify={mode}: not usable here: {exc!r}")
         path.verify = "cpu"

@@ -104,7 +104,7 @@ class CudaPath:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, not {mode!r}")
         self._mode = mode
 
-    def _gpu_checksum(self) -> GpuChecksum | None:
+    def gpu_checksum(self) -> GpuChecksum | None:
         """The GPU checksum when this path verifies on the GPU, built and self-tested once."""
         if self._mode == "cpu":
             return None
@@ -179,7 +179,7 @@ class CudaPath:
         bytes."""
         base = self.register(segment_id, pool)
         stream = self._stream()
-        gpu = self._gpu_checksum()
+        gpu = self.gpu_checksum()
         self._rt.memcpyAsync(dev.data.ptr, base + offset, size, _H2D, stream.ptr)
         if gpu is not None:  # the digests of what landed on the device, after the copy
             try:
@@ -207,7 +207,7 @@ class CudaPath:
         base = self.register(segment_id, pool)
         stream = self._stream()
         dest = pool[offset : offset + size]
-        gpu = self._gpu_checksum()
+        gpu = self.gpu_checksum()
         if gpu is not None:  # the GPU hashes the value while the copy engine moves it
             hash_stream = self._hash_stream()
             try:
@@ -261,7 +261,7 @@ class CudaPath:
         checksum, or None when the lease ran out first."""
         stream = self._stream()
         self._rt.memcpyAsync(dev.data.ptr, tier_base + offset, size, _D2D, stream.ptr)
-        gpu = self._gpu_checksum()
+        gpu = self.gpu_checksum()
         if gpu is not None:
             try:
                 pending = gpu.enqueue(dev, stream)
