@@ -24,7 +24,11 @@
  * (tests/unit/test_xxh3_gpu.py).  No header is included: NVRTC (cupy.RawModule) has none.
  */
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__) /* nvcc, or NVRTC (cupy.RawModule) */
+#define XXH_CUDA 1
+#endif
+
+#ifdef XXH_CUDA
 #define XXH_DEV __device__ __forceinline__
 #define XXH_KERNEL extern "C" __global__
 #define XXH_UNROLL _Pragma("unroll")
@@ -60,7 +64,7 @@ typedef unsigned char u8;
 #define PRIME_MX1 0x165667919E3779F9ULL
 
 XXH_DEV u64 read_le64(const u8 *p) {
-#ifdef __CUDACC__
+#ifdef XXH_CUDA
     if ((((u64)p) & 7ULL) == 0) return *(const u64 *)p; /* the GPU is little-endian */
     u64 v = 0;
     for (int i = 7; i >= 0; --i) v = (v << 8) | (u64)p[i];
@@ -73,7 +77,7 @@ XXH_DEV u64 read_le64(const u8 *p) {
 }
 
 XXH_DEV u64 mul128_fold64(u64 a, u64 b) {
-#ifdef __CUDACC__
+#ifdef XXH_CUDA
     return (a * b) ^ __umul64hi(a, b);
 #else
     unsigned __int128 product = (unsigned __int128)a * b;
@@ -158,7 +162,7 @@ XXH_DEV u64 merge_lanes(const u64 *acc, u64 length, const u8 *secret) {
     return avalanche(result);
 }
 
-#ifdef __CUDACC__
+#ifdef XXH_CUDA
 
 XXH_KERNEL void xxh3_block_sums(const u8 *data, u64 n, const u8 *secret, u64 *sums) {
     u64 gid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
