@@ -319,7 +319,7 @@ class UnmountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s", "incarnation")
+    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s", "incarnation", "state", "drop_in_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +329,8 @@ class NodeInfo(_message.Message):
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DROP_IN_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     endpoint: str
@@ -338,7 +340,9 @@ class NodeInfo(_message.Message):
     objects: int
     last_heartbeat_age_s: float
     incarnation: int
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    state: str
+    drop_in_s: float
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., incarnation: _Optional[int] = ..., state: _Optional[str] = ..., drop_in_s: _Optional[float] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -428,16 +432,18 @@ class HelloRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("framed_port", "version", "framed_socket", "framed_host")
+    __slots__ = ("framed_port", "version", "framed_socket", "framed_host", "max_batch_items")
     FRAMED_PORT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
     FRAMED_HOST_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_ITEMS_FIELD_NUMBER: _ClassVar[int]
     framed_port: int
     version: str
     framed_socket: str
     framed_host: str
-    def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_host: _Optional[str] = ...) -> None: ...
+    max_batch_items: int
+    def __init__(self, framed_port: _Optional[int] = ..., version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_host: _Optional[str] = ..., max_batch_items: _Optional[int] = ...) -> None: ...
 
 class ListKeysRequest(_message.Message):
     __slots__ = ("cursor", "limit", "prefix")

@@ -105,11 +105,14 @@ def emit(as_json: bool, data: object, text: str) -> None:
 @master_option
 @json_option
 def nodes(master: str, as_json: bool) -> None:
-    """The mounted store nodes: one row per node and tier, with fill and object counts."""
+    """The mounted store nodes: one row per node and tier, with its state (valid, suspect:
+    not offered and dropped after the grace window unless heard from, draining), fill and
+    object counts."""
     with connect(master) as client:
         segments = client.list_nodes()
     data = [
-        {"node_id": s.node_id, "tier": s.tier, "endpoint": s.endpoint,
+        {"node_id": s.node_id, "tier": s.tier, "endpoint": s.endpoint, "state": s.state,
+         "drop_in_s": round(s.drop_in_s, 3),
          "size_bytes": s.size_bytes, "used_bytes": s.used_bytes, "objects": s.objects,
          "fill": s.used_bytes / s.size_bytes if s.size_bytes else 0.0,
          "last_heartbeat_age_s": round(s.last_heartbeat_age_s, 3),
@@ -117,14 +120,19 @@ def nodes(master: str, as_json: bool) -> None:
         for s in sorted(segments, key=lambda s: (s.node_id, s.tier))
     ]  # fmt: skip
     rows = [
-        (d["node_id"], d["tier"], d["endpoint"], format_size(d["size_bytes"]),
-         format_size(d["used_bytes"]), f"{100 * d['fill']:.1f}%", d["objects"],
-         f"{d['last_heartbeat_age_s']:.1f}s")
+        (d["node_id"], d["tier"], d["endpoint"], _state_text(d["state"], d["drop_in_s"]),
+         format_size(d["size_bytes"]), format_size(d["used_bytes"]), f"{100 * d['fill']:.1f}%",
+         d["objects"], f"{d['last_heartbeat_age_s']:.1f}s")
         for d in data
     ]  # fmt: skip
-    text = table(["NODE", "TIER", "ENDPOINT", "SIZE", "USED", "FILL", "OBJECTS", "HEARTBEAT"],
-                 rows) if rows else "no nodes mounted"  # fmt: skip
+    text = table(["NODE", "TIER", "ENDPOINT", "STATE", "SIZE", "USED", "FILL", "OBJECTS",
+                  "HEARTBEAT"], rows) if rows else "no nodes mounted"  # fmt: skip
     emit(as_json, data, text)
+
+
+def _state_text(state: str, drop_in_s: float) -> str:
+    """A node's state for the table: a suspect one says when it is dropped."""
+    return f"suspect (dropped in {drop_in_s:.1f}s)" if state == "suspect" else state
 
 
 def hit_rate(hits: int, misses: int) -> float | None:

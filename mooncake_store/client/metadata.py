@@ -137,7 +137,8 @@ class MetadataCalls:
         )
 
     async def list_nodes(self) -> list[NodeStatus]:
-        """The mounted store nodes with their usage."""
+        """The mounted store nodes with their usage and state, suspect ones too (one row per
+        node and tier; see NodeStatus)."""
         reply = await self.flows.master_client().list_nodes()
         return [
             NodeStatus(
@@ -149,6 +150,8 @@ class MetadataCalls:
                 n.used_bytes,
                 n.objects,
                 n.last_heartbeat_age_s,
+                n.state or "valid",  # an older master lists valid nodes only, and no state
+                n.drop_in_s,
             )
             for n in reply.nodes
         ]

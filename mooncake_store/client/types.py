@@ -134,6 +134,10 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
+    """One mounted segment of a node (`list_nodes`).  `state`: "valid" (offered to readers and
+    writers), "suspect" (silent past its heartbeat TTL: not offered, its replicas kept; dropped
+    in `drop_in_s` seconds unless heard from) or "draining" (stopping: no new puts onto it)."""
+
     node_id: str
     segment_id: int
     endpoint: str
@@ -142,6 +146,8 @@ class NodeStatus:
     used_bytes: int
     objects: int
     last_heartbeat_age_s: float
+    state: str = "valid"
+    drop_in_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ segments, `object_table.py` and its other bases (see there) those about objects.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,14 @@ from mooncake_store.master.columns import COMPLETE, PROCESSING, ObjectColumns
 from mooncake_store.master.eviction import EvictionPolicy
 from mooncake_store.master.liveness import Heartbeats
 from mooncake_store.master.objects import Replica
-from mooncake_store.master.segments import NodeInfo, NodeState, Segment, SegmentInfo, Tier
+from mooncake_store.master.segments import (
+    NodeCondition,
+    NodeInfo,
+    NodeState,
+    Segment,
+    SegmentInfo,
+    Tier,
+)
 
 
 @dataclass(slots=True)
@@ -63,6 +70,7 @@ class Membership(ObjectColumns):
     _dirty: dict[str, bool]
     _pending: dict[str, float]
     _moves: dict[tuple[int, int, int], int]  # (segment, generation, offset) -> size
+    draining: Collection[str]  # nodes being drained (drain.py)
 
     if TYPE_CHECKING:
 
@@ -294,6 +302,24 @@ class Membership(ObjectColumns):
 
     def suspect_nodes(self) -> list[str]:
         return [node_id for node_id, state in self._nodes.items() if state.suspect]
+
+    def node_conditions(self) -> list[tuple[NodeState, NodeCondition, float]]:
+        """Every mounted node, suspect ones too (what ListNodes shows an operator), with its
+        condition and, for a suspect node, the seconds left until it is dropped (0.0 else).
+        A suspect node that drains is SUSPECT: that it is not offered matters more."""
+        now = self._clock()
+        dropped_at_s = self._heartbeat_ttl_s + self._suspect_grace_s  # of silence
+        out: list[tuple[NodeState, NodeCondition, float]] = []
+        for node_id, state in self._nodes.items():
+            if state.suspect:
+                last = self.heartbeats.last(node_id)
+                silent_s = math.inf if last is None else now - last
+                out.append((state, NodeCondition.SUSPECT, max(0.0, dropped_at_s - silent_s)))
+            elif node_id in self.draining:
+                out.append((state, NodeCondition.DRAINING, 0.0))
+            else:
+                out.append((state, NodeCondition.VALID, 0.0))
+        return out
 
     def _expire(self, now: float, result: TickResult) -> None:
         """Suspect silent nodes, offer again those heard from, drop those silent past the grace

@@ -6,7 +6,8 @@ Three sources, one registry per master:
   (`mooncake_master_request_duration_seconds{method}`) and reads the reply for hits and misses
   of gets and prefix matches (blocks and bytes);
 - `TableCollector` reads the table at scrape time: objects and bytes per tier and node, pending
-  puts, under-replicated objects, and the table's, tiering's and replication's event counters
+  puts, under-replicated objects, nodes by state (`mooncake_master_node_states{state}`: valid,
+  suspect, draining), and the table's, tiering's and replication's event counters
   (evictions, demotions, promotions, repairs, ...) as `mooncake_master_<event>_total`.
 The page is rendered on the master's loop (common/metrics.py), so it reads a consistent table.
 """
@@ -24,6 +25,7 @@ from prometheus_client.registry import Collector
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.common.errors import OK, ObjectNotFoundError
 from mooncake_store.common.metrics import LATENCY_BUCKETS_S
+from mooncake_store.master.segments import NodeCondition
 
 RPC_NAMES = frozenset(pb.DESCRIPTOR.services_by_name["MasterService"].methods_by_name)
 _NOT_FOUND = ObjectNotFoundError.code
@@ -229,8 +231,19 @@ class TableCollector(Collector):
             "mooncake_master_under_replicated_objects", "Objects that lost a replica and wait "
             "for a repair copy.", value=len(table.under_replicated),
         )  # fmt: skip
-        yield GaugeMetricFamily("mooncake_master_nodes", "Mounted nodes.",
+        yield GaugeMetricFamily("mooncake_master_nodes", "Mounted nodes offered to readers "
+                                "and writers (not suspect).",
                                 value=len({s.node_id for s in table.segments()}))  # fmt: skip
+        states = GaugeMetricFamily(
+            "mooncake_master_node_states", "Mounted nodes by state: valid, suspect (silent past "
+            "the heartbeat TTL, replicas kept until dropped) or draining.", labels=["state"],
+        )  # fmt: skip
+        by_state = dict.fromkeys(NodeCondition, 0)
+        for _, condition, _ in table.node_conditions():
+            by_state[condition] += 1
+        for condition, count in by_state.items():
+            states.add_metric([condition.value], count)
+        yield states
         events: dict[str, int] = {}
         for source in (table.counters, self.tiering.counters, self.replication.counters):
             for name, value in source.items():

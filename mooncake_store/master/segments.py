@@ -88,6 +88,14 @@ class Segment:
         return self.allocator.used_bytes / cap if cap else 1.0
 
 
+class NodeCondition(StrEnum):
+    """The `state` ListNodes reports for a mounted node (issue 11)."""
+
+    VALID = "valid"  # heartbeating: offered to readers and writers
+    SUSPECT = "suspect"  # silent past its TTL: not offered, replicas kept until dropped
+    DRAINING = "draining"  # stopping: offered to readers, no new puts or copies onto it
+
+
 class NodeState:
     """A mounted node: its mount info, its segments, and whether it is suspect (silent past
     its heartbeat TTL: its segments are not offered).  Its heartbeats are kept apart, in

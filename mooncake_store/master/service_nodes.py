@@ -213,20 +213,29 @@ class NodeMethods(ServicerBase):
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: object
     ) -> pb.ListNodesResponse:
+        """One row per mounted segment of every mounted node, suspect ones too, with the
+        node's condition (issue 11: an operator sees a suspect or draining node)."""
         now = time.monotonic()
-        return pb.ListNodesResponse(
-            nodes=[
-                pb.NodeInfo(
-                    node_id=s.node_id,
-                    segment_id=s.segment_id,
-                    endpoint=s.info.node.endpoint,
-                    tier=s.tier.value,
-                    size_bytes=s.allocator.capacity_bytes,
-                    used_bytes=s.allocator.used_bytes,
-                    objects=s.objects,
-                    last_heartbeat_age_s=max(0.0, now - self.table.last_heartbeat(s.node_id)),
-                    incarnation=s.info.node.incarnation,
+        rows = []
+        for state, condition, drop_in_s in self.table.node_conditions():
+            age_s = max(0.0, now - self.table.last_heartbeat(state.info.node_id))
+            for segment_id in state.segment_ids:
+                s = self.table.mounted_segment(segment_id)
+                if s is None:
+                    continue
+                rows.append(
+                    pb.NodeInfo(
+                        node_id=s.node_id,
+                        segment_id=s.segment_id,
+                        endpoint=s.info.node.endpoint,
+                        tier=s.tier.value,
+                        size_bytes=s.allocator.capacity_bytes,
+                        used_bytes=s.allocator.used_bytes,
+                        objects=s.objects,
+                        last_heartbeat_age_s=age_s,
+                        incarnation=s.info.node.incarnation,
+                        state=condition.value,
+                        drop_in_s=drop_in_s,
+                    )
                 )
-                for s in self.table.segments()
-            ]
-        )
+        return pb.ListNodesResponse(nodes=rows)

@@ -41,11 +41,13 @@ def test_nodes_table_and_json(managed):
     out = admin(managed, "nodes")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["NODE", "TIER", "ENDPOINT", "SIZE", "USED", "FILL", "OBJECTS",
-                                "HEARTBEAT"]  # fmt: skip
+    assert lines[0].split() == ["NODE", "TIER", "ENDPOINT", "STATE", "SIZE", "USED", "FILL",
+                                "OBJECTS", "HEARTBEAT"]  # fmt: skip
     assert [line.split()[0] for line in lines[1:]] == ["node-0", "node-1"]
+    assert [line.split()[3] for line in lines[1:]] == ["valid", "valid"]
     data = json.loads(admin(managed, "nodes", "--json").stdout)
     assert [d["node_id"] for d in data] == ["node-0", "node-1"]
+    assert [(d["state"], d["drop_in_s"]) for d in data] == [("valid", 0.0), ("valid", 0.0)]
     assert sum(d["objects"] for d in data) == 6
     assert all(d["tier"] == "DRAM" and d["size_bytes"] == 16 * 2**20 for d in data)
 

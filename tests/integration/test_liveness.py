@@ -10,18 +10,22 @@ port says so in one line and exits non-zero.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from mooncake_store import Client, ReplicaUnavailableError
+from mooncake_store.admin.ops import nodes as admin_nodes
 from mooncake_store.cluster import _NODE_READY, DaemonProcess, LocalCluster
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.server import MasterServer
@@ -140,7 +144,19 @@ def graced(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 def node_ids(store: Client) -> set[str]:
-    return {n.node_id for n in store.list_nodes()}
+    """The nodes offered to readers and writers (listed, and not suspect)."""
+    return {n.node_id for n in store.list_nodes() if n.state != "suspect"}
+
+
+def node_states(store: Client) -> dict[str, str]:
+    return {n.node_id: n.state for n in store.list_nodes()}
+
+
+def node_state_gauge(url: str) -> dict[str, float]:
+    """mooncake_master_node_states{state=...} from the master's /metrics page."""
+    page = urllib.request.urlopen(url, timeout=10).read().decode()
+    found = re.findall(r'^mooncake_master_node_states\{state="(\w+)"\} (\S+)$', page, re.M)
+    return {state: float(v) for state, v in found}
 
 
 @pytest.mark.timeout(90)
@@ -161,11 +177,23 @@ def test_sigstop_inside_the_grace_window_keeps_every_replica_outside_drops_them(
 
         graced.nodes[1].signal(signal.SIGSTOP)  # inside the window: stopped ~2 s
         wait_until(lambda: "node-1" not in node_ids(store), what="node-1 to be suspect")
+        # Listed with its state (issue 11), on the client, in mooncake-admin and in /metrics.
+        (row,) = [n for n in store.list_nodes() if n.node_id == "node-1"]
+        assert row.state == "suspect" and 0 < row.drop_in_s <= 3.0, row
+        assert node_states(store) == {"node-0": "valid", "node-1": "suspect", "node-2": "valid"}
+        assert node_state_gauge(graced.master.metrics_url) == {  # type: ignore[union-attr]
+            "valid": 2, "suspect": 1, "draining": 0
+        }
+        out = CliRunner().invoke(admin_nodes, ["--master", graced.master_address])
+        assert out.exit_code == 0, out.output
+        (line,) = [ln for ln in out.output.splitlines() if ln.startswith("node-1 ")]
+        assert "suspect (dropped in " in line, out.output
         assert store.stats().objects == len(keys)  # suspect: not offered, nothing deleted
         with pytest.raises(ReplicaUnavailableError):
             store.get(on_node1[0])
         graced.nodes[1].signal(signal.SIGCONT)
         wait_until(lambda: "node-1" in node_ids(store), what="node-1 to be offered again")
+        assert node_states(store)["node-1"] == "valid"
         assert store.stats().counters["nodes_expired"] == expired
         assert all(store.get(k) == value(k) for k in keys)  # every replica valid again
 

@@ -79,6 +79,28 @@ def test_a_silent_node_is_suspect_then_offered_again_with_every_replica(table, c
     assert table.counters["nodes_suspected"] == 1 and table.counters["nodes_expired"] == 0
 
 
+def test_node_conditions_list_suspect_and_draining_nodes_with_time_to_drop(table, clock) -> None:
+    """What ListNodes shows an operator: every mounted node, suspect ones too (issue 11)."""
+
+    def conditions() -> dict[str, tuple[str, float]]:
+        return {s.info.node_id: (c.value, d) for s, c, d in table.node_conditions()}
+
+    assert conditions() == {f"node-{i}": ("valid", 0.0) for i in range(3)}
+    table.draining = {"node-2": 1}
+    clock.now += TTL_S + 1
+    beat(table, "node-0", "node-2")
+    table.tick()
+    assert "node-1" not in {s.node_id for s in table.segments()}  # not offered...
+    found = conditions()  # ...but listed, with the seconds left before it is dropped
+    assert found["node-0"] == ("valid", 0.0) and found["node-2"] == ("draining", 0.0)
+    assert found["node-1"] == ("suspect", pytest.approx(GRACE_S - 1))
+    clock.now += 2
+    assert conditions()["node-1"] == ("suspect", pytest.approx(GRACE_S - 3))
+    beat(table, "node-1")
+    table.tick()
+    assert conditions()["node-1"] == ("valid", 0.0)
+
+
 def test_a_node_silent_past_the_grace_window_is_dropped_with_its_objects(table, clock) -> None:
     single = on_node(table, "node-1", 4)
     double = on_node(table, "node-1", 4, replicas=2)
