@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.client.master_client import MasterCall, _location, status_error
@@ -175,7 +176,10 @@ def leased_put_call(
 
     # Idempotent: a repeat of a commit that went through finds the key committed with the same
     # checksum and its lease used, and answers success again.
-    return MasterCall("BatchLeasedPut", request, parse, idempotent=True)
+    return MasterCall(
+        "BatchLeasedPut", request, parse, idempotent=True, batch="items", merge=_join_pairs,
+        slice_failed=lambda error, n: ([LeasedOutcome(error, 0, False)] * n, []),
+    )  # fmt: skip
 
 
 def put_end_leases_call(
@@ -190,4 +194,15 @@ def put_end_leases_call(
     def parse(reply: pb.BatchPutEndResponse) -> tuple[list[int | MooncakeError], list[pb.Lease]]:
         return [status_error(r.status) or r.replicas for r in reply.results], list(reply.leases)
 
-    return MasterCall("BatchPutEnd", request, parse, idempotent=True)
+    return MasterCall(
+        "BatchPutEnd", request, parse, idempotent=True, batch="items", merge=_join_pairs,
+        slice_failed=lambda error, n: ([error] * n, []),
+    )  # fmt: skip
+
+
+def _join_pairs(replies: list[tuple[list[Any], list[pb.Lease]]]) -> Any:
+    """The (outcomes, leases) replies of a batch's slices as one (see MasterCall.slices)."""
+    return (
+        [outcome for outcomes, _ in replies for outcome in outcomes],
+        [lease for _, leases in replies for lease in leases],
+    )

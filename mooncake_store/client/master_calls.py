@@ -8,7 +8,7 @@ blocking framed socket.  Every name here is importable from `master_client.py` t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -65,12 +65,81 @@ def status_error(status: pb.Status) -> MooncakeError | None:
 class MasterCall(Generic[R]):
     """A request, the function that parses its reply, and whether sending it twice is safe
     (the master's answer and state are the same after a repeat): only such calls are retried
-    after they may have reached the master."""
+    after they may have reached the master.
+
+    A batch call names its repeated field the master caps (`batch`, see common/batching.py):
+    a bigger one is sent as `slices` of at most the cap, and their parsed replies `join`
+    again in order.  The other fields go with every slice, except repeated ones (leases
+    asked for or given back), which go with the first slice only.  `slice_failed` says what
+    each item of a slice whose call failed reads as (its error, item by item); None: the
+    whole call fails.
+    """
 
     name: str
     request: Message
     parse: Callable[[Any], R]
     idempotent: bool = False
+    batch: str = ""
+    merge: Callable[[list[Any]], R] | None = None  # None: the slices' lists concatenated
+    slice_failed: Callable[[MooncakeError, int], Any] | None = None
+
+    def items(self) -> int:
+        """How many items the batch carries (0: not a batch call)."""
+        return len(getattr(self.request, self.batch)) if self.batch else 0
+
+    def slices(self, cap: int) -> list[MasterCall[R]]:
+        """This call as calls of at most `cap` items each, in order; [] when it fits in one."""
+        count = self.items()
+        if count <= cap:
+            return []
+        return [
+            replace(self, request=_slice_request(self.request, self.batch, start, cap))
+            for start in range(0, count, cap)
+        ]
+
+    def join(self, parts: list[MasterCall[R]], outcomes: list[R | BaseException]) -> R:
+        """The parsed replies (or the errors) of `parts`, this call's slices, as one reply.
+
+        Raises:
+            the error of the first slice that failed, when every slice failed, when the call
+            has no per-item reading of a failure (`slice_failed`), or when it is no
+            MooncakeError.
+        """
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, MooncakeError):
+                raise failure
+        if failures and (len(failures) == len(outcomes) or self.slice_failed is None):
+            raise failures[0]
+        replies: list[Any] = [
+            self.slice_failed(o, p.items()) if isinstance(o, MooncakeError) else o  # type: ignore[misc]
+            for p, o in zip(parts, outcomes, strict=True)
+        ]
+        if self.merge is not None:
+            return self.merge(replies)
+        joined: Any = [item for reply in replies for item in reply]
+        return joined  # type: ignore[no-any-return]
+
+
+def _slice_request(request: Message, field: str, start: int, count: int) -> Message:
+    """`request` with `count` items of its repeated `field` from `start` (see MasterCall)."""
+    out = type(request)()
+    for desc, value in request.ListFields():
+        if desc.name == field:
+            getattr(out, field).extend(value[start : start + count])
+        elif desc.is_repeated:
+            if start == 0:
+                getattr(out, desc.name).extend(value)
+        elif desc.message_type is not None:
+            getattr(out, desc.name).CopyFrom(value)
+        else:
+            setattr(out, desc.name, value)
+    return out
+
+
+def each_failed(error: MooncakeError, count: int) -> list[MooncakeError]:
+    """A failed slice of a call whose reply is one outcome per item: each item's is the error."""
+    return [error] * count
 
 
 def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | MooncakeError]]:
@@ -106,7 +175,7 @@ def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | Moonca
             )
         return out
 
-    return MasterCall("BatchPutStart", request, parse)
+    return MasterCall("BatchPutStart", request, parse, batch="items", slice_failed=each_failed)
 
 
 def put_end_call(
@@ -122,6 +191,8 @@ def put_end_call(
         request,
         lambda reply: [status_error(r.status) or r.replicas for r in reply.results],
         idempotent=True,
+        batch="items",
+        slice_failed=each_failed,
     )
 
 
@@ -130,6 +201,8 @@ def put_revoke_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None
         "BatchPutRevoke",
         pb.KeysRequest(keys=keys),
         lambda reply: [status_error(s) for s in reply.statuses],
+        batch="keys",
+        slice_failed=each_failed,
     )
 
 
@@ -141,7 +214,10 @@ def get_replica_list_call(
     keys: Sequence[str], fingerprint: bytes = b""
 ) -> MasterCall[list[ReplicaList | MooncakeError]]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("BatchGetReplicaList", request, _replica_lists, idempotent=True)
+    return MasterCall(
+        "BatchGetReplicaList", request, _replica_lists, idempotent=True, batch="keys",
+        slice_failed=each_failed,
+    )  # fmt: skip
 
 
 def get_prefix_call(
@@ -158,8 +234,9 @@ def prefix_match_call(keys: Sequence[str], fingerprint: bytes = b"") -> MasterCa
 
 def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:
     return MasterCall(
-        "BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists), idempotent=True
-    )
+        "BatchExists", pb.KeysRequest(keys=keys), lambda reply: list(reply.exists),
+        idempotent=True, batch="keys",
+    )  # fmt: skip
 
 
 def report_corrupt_call(
@@ -181,6 +258,8 @@ def report_corrupt_call(
         "BatchReportCorrupt",
         request,
         lambda reply: [status_error(s) for s in reply.statuses],
+        batch="reports",
+        slice_failed=each_failed,
     )
 
 
@@ -191,6 +270,8 @@ def remove_call(
         "BatchRemove",
         pb.KeysRequest(keys=keys, unless_leased=unless_leased),
         lambda reply: [status_error(s) for s in reply.statuses],
+        batch="keys",
+        slice_failed=each_failed,
     )
 
 
@@ -221,4 +302,6 @@ def describe_call(keys: Sequence[str]) -> MasterCall[list[ObjectInfo | MooncakeE
             out.append(err or ObjectInfo(r.size_bytes, replicas))
         return out
 
-    return MasterCall("BatchDescribe", pb.KeysRequest(keys=keys), parse)
+    return MasterCall(
+        "BatchDescribe", pb.KeysRequest(keys=keys), parse, batch="keys", slice_failed=each_failed
+    )

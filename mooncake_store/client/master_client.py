@@ -9,6 +9,10 @@ Retries know what they repeat (see `Retry`): a call is sent again only when it p
 reached the master (no connection, or the connection was closed before the request went out) or
 when it is idempotent (`MasterCall.idempotent`).  A timeout fails that call alone: the shared
 framed connection stays open for the calls in flight beside it.
+
+A batch of more items than the master takes in one call (`max_batch_items`, which its Hello
+says; common/batching.py) is sent as slices of at most that many, all in flight at once, and
+their outcomes are merged in order (`MasterCall.slices`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from mooncake_store.client.master_calls import report_corrupt_call as report_cor
 from mooncake_store.client.master_calls import status_error as status_error
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaList, Retry
 from mooncake_store.common.auth import Role, bearer
+from mooncake_store.common.batching import DEFAULT_MAX_BATCH_ITEMS, cap_in_message
 from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.errors import (
     AccessDeniedError,
@@ -139,6 +144,9 @@ class MasterClient:
         self.counters = counters if counters is not None else {}
         self.counters.setdefault("framed_calls", 0)
         self.counters.setdefault("grpc_calls", 0)
+        #: The most items the master takes in one batch call (its Hello says; until then, and
+        #: from an older master that does not, its default).  Bigger batches go as slices.
+        self.max_batch_items = DEFAULT_MAX_BATCH_ITEMS
 
     async def close(self) -> None:
         if self._framed is not None:
@@ -159,9 +167,10 @@ class MasterClient:
         while True:
             left = deadline - loop.time()
             try:
-                await self._stub.Hello(
+                hello = await self._stub.Hello(
                     pb.HelloRequest(), timeout=max(left, 0.01), metadata=self._metadata
                 )
+                self.learn(hello)
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _UNREACHABLE:
@@ -213,6 +222,7 @@ class MasterClient:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 hello = pb.HelloResponse()  # a master without the framed endpoint
+            self.learn(hello)
             if not hello.framed_port:
                 self._framed_wanted = False
                 return None
@@ -326,9 +336,34 @@ class MasterClient:
             f"master {self.address} failed the call {name}: {exc.code().name}: {exc.details()}"
         )
 
+    def learn(self, hello: pb.HelloResponse) -> None:
+        """Take what the master's Hello says about its limits."""
+        if hello.max_batch_items:  # 0: an older master, which does not say
+            self.max_batch_items = hello.max_batch_items
+
+    def refused_batch(self, call: MasterCall[Any], exc: InvalidArgumentError) -> bool:
+        """Whether `exc` refused `call` for carrying more items than the master's cap, smaller
+        than we knew (a master restarted with another cap): the cap is learnt, send again."""
+        cap = cap_in_message(exc.message)
+        if cap is None or not 0 < cap < call.items():
+            return False
+        self.max_batch_items = cap
+        return True
+
     async def run(self, call: MasterCall[R]) -> R:
-        """Make one master call and parse its reply."""
-        return call.parse(await self._call(call.name, call.request, idempotent=call.idempotent))
+        """Make one master call and parse its reply; a batch over the master's cap goes as
+        slices, all in flight at once (see MasterCall.slices)."""
+        parts = call.slices(self.max_batch_items)
+        if parts:
+            outcomes = await asyncio.gather(*map(self.run, parts), return_exceptions=True)
+            return call.join(parts, outcomes)
+        try:
+            reply = await self._call(call.name, call.request, idempotent=call.idempotent)
+        except InvalidArgumentError as exc:
+            if not self.refused_batch(call, exc):
+                raise
+            return await self.run(call)
+        return call.parse(reply)
 
     async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
         return await self.run(put_start_call(items))

@@ -38,6 +38,7 @@ from mooncake_store.client.types import (
     PutResult,
 )
 from mooncake_store.common.errors import (
+    InvalidArgumentError,
     MasterTimeoutError,
     MasterUnavailableError,
     MooncakeError,
@@ -137,10 +138,36 @@ class Client:
         )
 
     def _master_call(self, call: MasterCall[T]) -> T:
+        """One master call; a batch over the master's cap goes as slices, one after the other
+        (see MasterCall.slices)."""
+        channel = self._channel()  # asks the master (Hello) for its endpoint and cap once
+        master = self._master()
+        parts = call.slices(master.max_batch_items)
+        if parts:
+            outcomes: list[T | BaseException] = []
+            for part in parts:
+                unreachable = next(
+                    (o for o in outcomes if isinstance(o, MasterUnavailableError)), None
+                )
+                if unreachable is not None:  # the retries gave up: not again for each slice
+                    outcomes.append(unreachable)
+                    continue
+                try:
+                    outcomes.append(self._master_call(part))
+                except MooncakeError as exc:
+                    outcomes.append(exc)
+            return call.join(parts, outcomes)
+        try:
+            return self._master_call_once(call, channel)
+        except InvalidArgumentError as exc:
+            if not master.refused_batch(call, exc):
+                raise
+            return self._master_call(call)
+
+    def _master_call_once(self, call: MasterCall[T], channel: BlockingFramedChannel | None) -> T:
         """One master call on this thread's blocking framed socket.  What may be tried again
         (see `Retry`) goes to the async path, which retries, reconnects and asks the master
         for its endpoint again; what may not raises here."""
-        channel = self._channel()
         if channel is not None:
             try:
                 reply = channel.call(call.name, call.request)

@@ -5,7 +5,8 @@ BatchPutStart, ...) is processed in slices of `SLICE_ITEMS` items with a yield t
 between slices, so other clients' calls run in between instead of waiting for a 100k-key batch
 to finish.  A batch of more than the master's `max_batch_items` is refused as a whole with an
 InvalidArgumentError naming the cap (gRPC: INVALID_ARGUMENT; framed endpoint: BAD_REQUEST):
-the client splits it.  (Heartbeats do not depend on this loop at all: see `liveness.py`.)
+the client splits it, learning the cap from Hello (`max_batch_items`; common/batching.py).
+(Heartbeats do not depend on this loop at all: see `liveness.py`.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from mooncake_store.common.batching import too_many_message
 from mooncake_store.common.errors import InvalidArgumentError
 
 SLICE_ITEMS = 1024  # items processed between two yields to the loop
@@ -45,10 +47,7 @@ async def pause_every(done: int) -> None:
 
 
 def too_many(method: str, count: int, cap: int) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"{method} carries {count} items; the master takes at most {cap} per call "
-        "(--max-batch-items): split the batch"
-    )
+    return InvalidArgumentError(too_many_message(method, count, cap))
 
 
 def capped(field: str) -> Callable[[Method], Method]:

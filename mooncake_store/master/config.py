@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
+from mooncake_store.common.batching import DEFAULT_MAX_BATCH_ITEMS
 from mooncake_store.common.config import TlsSettings, duration_field, setting, size_field
 from mooncake_store.common.credentials import is_loopback
 from mooncake_store.common.errors import InvalidArgumentError
@@ -57,10 +58,10 @@ class MasterConfig(TlsSettings):
         "node is offered again; silent past it, it is dropped with the replicas.",
     )
     max_batch_items: int = setting(
-        100_000,
+        DEFAULT_MAX_BATCH_ITEMS,
         "Most keys or items one batch call may carry; a bigger batch is refused as a whole "
-        "(InvalidArgumentError naming this cap). Batches are served in slices of 1024 items "
-        "that yield to other calls.",
+        "(InvalidArgumentError naming this cap); clients learn it (Hello) and split bigger "
+        "batches. Batches are served in slices of 1024 items that yield to other calls.",
     )
     max_calls_per_connection: int = setting(
         256,

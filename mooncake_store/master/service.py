@@ -81,6 +81,7 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
             framed_socket=self.framed_socket,
             framed_host=self.config.advertise_host,
             version=__version__,
+            max_batch_items=self.config.max_batch_items,  # clients split bigger batches
         )
 
     async def Stats(self, request: pb.StatsRequest, context: object) -> pb.StatsResponse:

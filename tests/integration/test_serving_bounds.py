@@ -1,20 +1,30 @@
 """Bounds on what one client can make the master's serving loop do (master/batches.py,
-master/framed_server.py): batch caps, batches served in slices, calls in flight per connection,
+master/framed_server.py): batch caps (and the client's slices of a bigger batch), batches
+served in slices, calls in flight per connection,
 idle connections, and the connection cap."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from mooncake_store import Client, InvalidArgumentError
+from mooncake_store import (
+    AsyncClient,
+    Client,
+    IdentityMismatchError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+)
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.client.master_client import MasterClient
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from mooncake_store.master.config import MasterConfig
@@ -40,11 +50,100 @@ def test_a_batch_over_the_cap_is_refused_whole_naming_the_cap(
     with Client(capped.master_address, framed=framed) as store:
         store.put("k0", b"v")
         keys = [f"k{i}" for i in range(101)]
-        for call in (store.exists_many, store.get_many):
+        master = store._master()
+        assert master.max_batch_items == 100  # said by the master's Hello
+        for name in ("BatchExists", "BatchGetReplicaList"):  # sent whole, by hand
             with pytest.raises(InvalidArgumentError, match=r"at most 100 .*--max-batch-items"):
-                call(keys)
+                store._run(master._call(name, pb.KeysRequest(keys=keys), idempotent=True))
         assert store.exists_many(keys[:100]) == [True] + [False] * 99  # at the cap: served
         assert store.get("k0") == b"v"
+
+
+def batch_value(key: str) -> bytes:
+    return key.encode() * 8
+
+
+class _Store:
+    """The sync Client or an AsyncClient (run on a loop of its own) behind one face."""
+
+    def __init__(self, address: str, framed: bool, sync: bool) -> None:
+        self.sync = sync
+        if sync:
+            self.client: Any = Client(address, framed=framed, local_shm=False).connect()
+        else:
+            self.loop = asyncio.new_event_loop()
+            self.client = AsyncClient(address, framed=framed, local_shm=False)
+            self.loop.run_until_complete(self.client.connect())
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.client, name)
+        if self.sync or not inspect.iscoroutinefunction(method):
+            return method
+        return lambda *args, **kw: self.loop.run_until_complete(method(*args, **kw))
+
+    def master(self) -> MasterClient:
+        return self.client._master() if self.sync else self.client.flows.master_client()
+
+    def close(self) -> None:
+        if self.sync:
+            self.client.close()
+        else:
+            self.loop.run_until_complete(self.client.close())
+            self.loop.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_batches_over_the_cap_go_as_slices_with_per_item_outcomes_in_order(
+    capped: InProcessCluster, framed: bool, sync: bool
+) -> None:
+    """A master with --max-batch-items 100 and batches of 1000: the client learns the cap from
+    Hello and sends slices of at most 100 (pipelined by the async client), merging the
+    per-item outcomes in order; a failure of some items in one slice stays theirs."""
+    prefix = f"slices/{'sync' if sync else 'async'}-{'framed' if framed else 'grpc'}"
+    keys = [f"{prefix}/{i}" for i in range(1000)]
+    store = _Store(capped.master_address, framed, sync)
+    try:
+        master = store.master()
+        assert master.max_batch_items == 100  # learnt from Hello at connect
+        calls = dict(store.counters)
+        # Two keys in the 5th slice are stored under another identity: only they fail.
+        for key in keys[450:452]:
+            store.put(key, batch_value(key), fingerprint=b"someone-else")
+        outcomes = store.put_many_outcomes({k: batch_value(k) for k in keys})
+        assert len(outcomes) == 1000
+        for i, (key, outcome) in enumerate(zip(keys, outcomes, strict=True)):
+            if i in (450, 451):
+                assert isinstance(outcome, IdentityMismatchError), (i, outcome)
+            else:
+                assert outcome.key == key and not outcome.deduplicated, (i, outcome)
+        sent = dict(store.counters)
+        endpoint = "framed_calls" if framed else "grpc_calls"
+        assert sent[endpoint] - calls[endpoint] >= 20  # PutStart and PutEnd, 10 slices each
+        assert store.put_many({k: batch_value(k) for k in keys[:300]})[299].deduplicated
+
+        missing = [f"{prefix}/missing/{i}" for i in range(3)]
+        asked = keys[:520] + missing + keys[520:]  # the missing keys sit in the 6th slice
+        assert store.exists_many(asked) == [True] * 520 + [False] * 3 + [True] * 480
+        assert store.get_many(keys) == [batch_value(k) for k in keys]
+        with pytest.raises(ObjectNotFoundError) as lost:
+            store.get_many(asked)
+        assert sorted(lost.value.keys) == missing
+        buffers = [bytearray(len(batch_value(k))) for k in keys]
+        assert store.get_many_into(keys, buffers) == [len(b) for b in buffers]
+        assert [bytes(b) for b in buffers] == [batch_value(k) for k in keys]
+
+        # A client that thinks the cap is bigger (an older master that did not say, or one
+        # restarted with a smaller cap) learns it from the refusal and splits.
+        master.max_batch_items = 100_000
+        assert store.exists_many(keys) == [True] * 1000
+        assert master.max_batch_items == 100
+
+        assert store.remove_many(asked) == [True] * 520 + [False] * 3 + [True] * 480
+        assert store.exists_many(keys) == [False] * 1000
+    finally:
+        store.close()
 
 
 def test_a_big_batch_yields_to_the_loop_between_slices(tmp_path: Path) -> None:
