@@ -75,8 +75,11 @@ class MasterConfig(TlsSettings):
     )
     max_connections: int = setting(
         4096,
-        "Most framed-endpoint connections at once; one more is refused (a BAD_REQUEST frame "
-        "naming the cap, then closed) and logged.",
+        "Most client connections at once, on the framed endpoint and on gRPC each: one more "
+        "framed connection is refused (a BAD_REQUEST frame naming the cap, then closed); the "
+        "calls of one more gRPC connection are refused (RESOURCE_EXHAUSTED naming the cap), "
+        "and gRPC closes connections past cap + max(16, cap/16) at accept. Node calls are "
+        "never refused. Refusals are logged.",
     )
     liveness_port: int = setting(
         0,

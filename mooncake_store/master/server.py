@@ -26,6 +26,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
+from mooncake_store.master.grpc_admission import Admission, ConnectionCapInterceptor, hard_limit
 from mooncake_store.master.grpc_owners import read_established
 from mooncake_store.master.liveness import LivenessServer
 from mooncake_store.master.metrics import InstrumentedServicer, master_registry
@@ -137,6 +138,8 @@ class MasterServer:
         self._ticker: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.access = AccessControl(None)
+        #: Which gRPC client connections may call (--max-connections; grpc_admission.py).
+        self.admission = Admission(config.max_connections, clock=time.monotonic)
         #: The local token file written at start (auth on), deleted at stop.
         self.token_file: Path | None = None
 
@@ -156,14 +159,20 @@ class MasterServer:
             log.warning("authentication is OFF (--auth off): anyone who reaches %s may call",
                         self.config.host)  # fmt: skip
         cfg = self.config
+        # Authentication first: a call refused for its token takes no connection place.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            *([AuthInterceptor(self.access)] if self.access.enabled else []),
+            ConnectionCapInterceptor(self.admission),  # --max-connections (grpc_admission.py)
+        ]
         server = grpc.aio.server(
             options=[
                 *server_options(cfg.max_message_bytes),
                 ("grpc.max_concurrent_streams", cfg.max_calls_per_connection),
                 *([("grpc.max_connection_idle_ms", int(cfg.idle_timeout_s * 1000))]
                   if cfg.idle_timeout_s > 0 else []),
+                ("grpc.max_allowed_incoming_connections", hard_limit(cfg.max_connections)),
             ],
-            interceptors=[AuthInterceptor(self.access)] if self.access.enabled else None,
+            interceptors=interceptors,
         )  # fmt: skip
         self._servicer = MasterServicer(
             self.table, self._store, self.config, self.tiering, self.replication,
@@ -182,6 +191,7 @@ class MasterServer:
         address = join_host_port(self.config.host, self.config.port)
         tls = self.config.tls
         port = bind_grpc(server, address, tls, "master")
+        self.admission.local_port = port
         await server.start()
         if self.config.liveness_port >= 0:
             self._liveness = LivenessServer(self.table.heartbeats, tls=tls, access=self.access)

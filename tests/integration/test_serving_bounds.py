@@ -1,7 +1,7 @@
 """Bounds on what one client can make the master's serving loop do (master/batches.py,
-master/framed_server.py): batch caps (and the client's slices of a bigger batch), batches
-served in slices, calls in flight per connection,
-idle connections, and the connection cap."""
+master/framed_server.py, master/grpc_admission.py): batch caps (and the client's slices of a
+bigger batch), batches served in slices, calls in flight per connection, idle connections, and
+the connection caps (framed and gRPC)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from mooncake_store import (
@@ -21,10 +22,14 @@ from mooncake_store import (
     Client,
     IdentityMismatchError,
     InvalidArgumentError,
+    MooncakeError,
     ObjectNotFoundError,
 )
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.admin.ops import master_metadata
 from mooncake_store.client.master_client import MasterClient
+from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from mooncake_store.master.config import MasterConfig
@@ -348,3 +353,72 @@ def test_a_client_that_does_not_read_its_replies_is_not_buffered_without_bound(
     finally:
         sampler.cancel()
         master.close()
+
+
+def own_channel(address: str) -> grpc.Channel:
+    """A gRPC channel on a TCP connection of its own (channels of one process share one by
+    default)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+@pytest.mark.timeout(120)
+def test_grpc_connections_over_the_cap_are_refused_clearly_and_heartbeats_never(
+    tmp_path: Path,
+) -> None:
+    """--max-connections 3 on gRPC: a 4th connection's calls are refused RESOURCE_EXHAUSTED
+    naming the flag (the Python client's too), closing one lets the next in.  The node's
+    heartbeats go to this same port (--liveness-port -1) and are never refused: it stays
+    valid well past its TTL meanwhile."""
+    args = ["--max-connections", "3", "--liveness-port", "-1", "--heartbeat-interval", "200ms",
+            "--heartbeat-ttl", "1s", "--suspect-grace", "1s"]  # fmt: skip
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+        address = cluster.master_address
+        token = master_metadata(address)
+        channels = [own_channel(address) for _ in range(5)]
+        stubs = [pb_grpc.MasterServiceStub(c) for c in channels]
+
+        def stats(i: int) -> pb.StatsResponse:
+            return stubs[i].Stats(pb.StatsRequest(), timeout=10, metadata=token)
+
+        try:
+            # Without a token: refused by authentication, and takes no place.
+            with pytest.raises(grpc.RpcError) as denied:
+                stubs[4].Stats(pb.StatsRequest(), timeout=10)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            wait_until(lambda: _answers(stats, 0), what="a place for the first connection")
+            assert stats(1).nodes == 1 and stats(2).nodes == 1
+            with pytest.raises(grpc.RpcError) as refused:
+                stats(3)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 3 gRPC client connections (--max-connections)" in str(
+                refused.value.details()
+            )
+            with Client(address, framed=False) as store:  # the SDK says so too
+                with pytest.raises(MooncakeError, match=r"at most 3 .*--max-connections"):
+                    store.stats()
+            started = time.monotonic()
+            # Past the node's TTL + grace, with the cap full: its heartbeats still land.
+            wait_until(lambda: time.monotonic() - started > 2.5 and not _answers(stats, 3),
+                       what="2.5 s at the cap")  # fmt: skip
+            (node,) = stubs[0].ListNodes(pb.ListNodesRequest(), timeout=10, metadata=token).nodes
+            assert node.state == "valid" and node.last_heartbeat_age_s < 1.0, node
+            assert stats(0).counters["nodes_expired"] == 0
+            channels[1].close()  # frees a place: the refused connection gets in
+            wait_until(lambda: _answers(stats, 3), what="the 4th connection to get in")
+            assert stats(0).nodes == 1 and stats(2).nodes == 1
+            with pytest.raises(grpc.RpcError) as again:
+                stubs[4].Stats(pb.StatsRequest(), timeout=10, metadata=token)
+            assert again.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            for channel in channels:
+                channel.close()
+
+
+def _answers(stats: Any, i: int) -> bool:
+    try:
+        stats(i)
+        return True
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return False
