@@ -69,7 +69,8 @@ class Admission:
         self.local_port = 0
         self._clock = clock
         self._established = established
-        self._admitted: dict[Remote, None] = {}  # insertion-ordered: first caller first
+        self._admitted: dict[Remote, str] = {}  # -> its peer name; first caller first
+        self._peers: set[str] = set()  # the admitted peer names: the check on every call
         self._checked_s = -REFRESH_INTERVAL_S
         self._enforced = True
         self.refused = 0  # calls refused
@@ -79,13 +80,16 @@ class Admission:
 
     def admit(self, peer: str) -> bool:
         """Whether the connection `peer` (``context.peer()``) may make its call."""
+        if peer in self._peers or not self._enforced:
+            return True  # admitted already
         remote = parse_peer(peer)
-        if remote is None or remote in self._admitted or not self._enforced:
-            return True  # not a TCP peer (unix socket), or admitted already
+        if remote is None or remote in self._admitted:
+            return True  # not a TCP peer (unix socket), or admitted under another spelling
         if len(self._admitted) >= self.cap:
             self._forget_closed()
         if len(self._admitted) < self.cap or not self._enforced:
-            self._admitted[remote] = None
+            self._admitted[remote] = peer
+            self._peers.add(peer)
             return True
         self.refused += 1
         return False
@@ -104,7 +108,7 @@ class Admission:
             self._enforced = False
             return
         for remote in [r for r in self._admitted if r not in live]:
-            del self._admitted[remote]
+            self._peers.discard(self._admitted.pop(remote))
 
 
 class ConnectionCapInterceptor(grpc.aio.ServerInterceptor):

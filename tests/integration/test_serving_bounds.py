@@ -33,6 +33,7 @@ from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.framed import HEADER, METHOD_IDS, FrameStatus
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.grpc_admission import hard_limit
 from mooncake_store.master.server import MasterServer
 from mooncake_store.master.service import MasterServicer
 from tests.conftest import wait_until
@@ -409,9 +410,36 @@ def test_grpc_connections_over_the_cap_are_refused_clearly_and_heartbeats_never(
             with pytest.raises(grpc.RpcError) as again:
                 stubs[4].Stats(pb.StatsRequest(), timeout=10, metadata=token)
             assert again.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # A flood: past hard_limit(3) connections in all, gRPC closes them at accept
+            flood = [socket.create_connection(("127.0.0.1", cluster.master_port))
+                     for _ in range(hard_limit(3) + 5)]  # fmt: skip
+            try:
+                closed = wait_until(
+                    lambda: sum(map(_closed, flood)) >= 5,
+                    what="the flood's extra connections to close",
+                )
+                assert closed and not all(map(_closed, flood))
+            finally:
+                for sock in flood:
+                    sock.close()
+            (node,) = stubs[0].ListNodes(pb.ListNodesRequest(), timeout=10, metadata=token).nodes
+            assert node.state == "valid", node
         finally:
             for channel in channels:
                 channel.close()
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer closed `sock` (what it sent before is read and dropped)."""
+    sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
 
 
 def _answers(stats: Any, i: int) -> bool:
