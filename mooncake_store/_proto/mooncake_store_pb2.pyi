@@ -285,16 +285,18 @@ class MountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences")
+    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_PORT_FIELD_NUMBER: _ClassVar[int]
     FENCES_FIELD_NUMBER: _ClassVar[int]
+    FENCES_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     status: Status
     heartbeat_interval_s: float
     liveness_port: int
     fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ...) -> None: ...
+    fences_signature: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "incarnation")

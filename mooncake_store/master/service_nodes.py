@@ -14,7 +14,7 @@ import time
 from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
-from mooncake_store.common.auth import Role, control_key, grant_key
+from mooncake_store.common.auth import Role, control_key, grant_key, sign_request
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import (
     AccessDeniedError,
@@ -152,12 +152,21 @@ class NodeMethods(ServicerBase):
             )
         # Taken after the awaits above, with no await until the reply: every put started
         # on these segments so far is in `open`, every later one is at or above `floor`.
-        fences = self.table.mount_fences(i.segment_id for i, _ in segments)
+        fences = [
+            pb.WriteFence(segment_id=s, floor=f, open=sorted(o))
+            for s, f, o in self.table.mount_fences(i.segment_id for i, _ in segments)
+        ]
+        key = self.control_keys.get(node.node_id)
+        signature = ""
+        if key is not None:  # signed as FenceWrites is: a node lowers its fence for no one else
+            body = pb.FenceWritesRequest(fences=fences).SerializeToString(deterministic=True)
+            signature = sign_request(key, "MountFences", body, time.time())
         return pb.MountSegmentResponse(
             status=_OK,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             liveness_port=self.liveness_port,
-            fences=[pb.WriteFence(segment_id=s, floor=f, open=sorted(o)) for s, f, o in fences],
+            fences=fences,
+            fences_signature=signature,
         )
 
     async def Heartbeat(

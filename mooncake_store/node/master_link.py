@@ -10,9 +10,10 @@ tiers, which lets a restarted master rebuild its allocators from the replicas it
 mount refused because another live node holds this node's id (IdentityConflictError) is kept
 in `conflict`: the daemon exits with it instead of fighting the other node for the id.
 
-Each mount reply carries the first write fence of every DRAM segment (node/write_gate.py),
-handed to `on_fences`; before mounting again a node the master forgot, `on_fences(None)` closes
-its segments to writes, so no grant of the forgotten mount lands while the mount is under way.
+Each mount reply carries the first write fence of every DRAM segment (node/write_gate.py) and
+the master's signature of them, handed to `on_fences`; before mounting again a node the master
+forgot, `on_fences(None, "")` closes its segments to writes, so no grant of the forgotten mount
+lands while the mount is under way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf.message import Message
@@ -34,7 +35,6 @@ from mooncake_store.common.errors import (
     IdentityConflictError,
     SegmentNotFoundError,
 )
-from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.grpc_options import message_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
@@ -53,11 +53,11 @@ class MasterLink:
         max_message_bytes: int = 256 * 1024 * 1024,
         call_timeout_s: float = 1.0,
         unmount_timeout_s: float = 2.0,
-        on_fences: Callable[[Mapping[int, WriteFence] | None], None] | None = None,
+        on_fences: Callable[[Sequence[pb.WriteFence] | None, str], None] | None = None,
     ) -> None:
         self.master = master
-        # Called (on this link's thread) with each mount reply's fences, by segment id, and
-        # with None before mounting again after the master forgot the node.
+        # Called (on this link's thread) with each mount reply's fences and their signature,
+        # and with None before mounting again after the master forgot the node.
         self._on_fences = on_fences
         self._max_message_bytes = max_message_bytes
         # Heartbeats and re-mounts wait this long, or the heartbeat interval when longer.
@@ -158,9 +158,7 @@ class MasterLink:
             return False
         self.refusal = ""
         if self._on_fences is not None:
-            self._on_fences(
-                {f.segment_id: WriteFence(f.floor, frozenset(f.open)) for f in reply.fences}
-            )
+            self._on_fences(list(reply.fences), reply.fences_signature)
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
         self._use_liveness_port(reply.liveness_port)
@@ -210,7 +208,7 @@ class MasterLink:
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""
         if self._on_fences is not None:
-            self._on_fences(None)
+            self._on_fences(None, "")
 
     def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
         """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -214,18 +214,33 @@ class StoreNode:
         self._tracker = loop.create_task(self._track_mount())
         return self.port
 
-    def _take_fences(self, fences: Mapping[int, WriteFence] | None) -> None:
+    def _take_fences(self, fences: Sequence[pb.WriteFence] | None, signature: str) -> None:
         """The master link's hook (on its thread): close the DRAM segment to writes before
         mounting afresh (None), or take the fence a mount reply gives it; the seals of the
-        generations it ends are dropped on the event loop.  A reply without a fence for the
-        segment (a master from before fences at mount) opens it: its pushes fence it."""
+        generations it ends are dropped on the event loop.  With a node token the fences must
+        carry the master's signature (as FenceWrites must), or the segment stays closed; with
+        none (--auth off) a reply without a fence for the segment opens it."""
         access, loop = self.access, self._loop
         if access is None:
             return
         if fences is None:
             access.gate.close(self.segment_id)
             return
-        access.gate.mounted(self.segment_id, fences.get(self.segment_id, OPEN))
+        mine = next((f for f in fences if f.segment_id == self.segment_id), None)
+        if self.verifier is not None:
+            body = pb.FenceWritesRequest(fences=fences).SerializeToString(deterministic=True)
+            try:
+                self.verifier.verify("MountFences", body, signature)
+            except AccessDeniedError as exc:
+                log.error("the mount reply's write fences are not the master's (%s): client "
+                          "writes stay refused until a mount gives signed ones", exc)  # fmt: skip
+                return
+            if mine is None:
+                log.error("the mount reply has no write fence for this node's DRAM segment: "
+                          "client writes stay refused until a mount gives one")  # fmt: skip
+                return
+        fence = OPEN if mine is None else WriteFence(mine.floor, frozenset(mine.open))
+        access.gate.mounted(self.segment_id, fence)
         if loop is not None:
             try:
                 loop.call_soon_threadsafe(

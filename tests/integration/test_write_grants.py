@@ -8,6 +8,7 @@ InProcessCluster)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from mooncake_store.client.master_client import MasterClient, put_end_call, put_
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
-from mooncake_store.common.errors import OK, AccessDeniedError
+from mooncake_store.common.errors import OK, AccessDeniedError, SegmentNotFoundError
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
 
@@ -192,3 +193,52 @@ def test_a_lease_a_deduplicated_put_wrote_over_tcp_is_replaced_not_reused(no_fen
         assert store.counters["framed_calls"] == calls + 1  # no refused write, no retry
         assert store.counters["leased_puts"] == 1
         assert store.get_many(["dedup/a", "dedup/b"]) == [value, other]
+
+
+class PoseAsMaster(pb_grpc.MasterServiceServicer):
+    """A process on the master's port while the master is down (see README "Threat model"):
+    it answers the node's mount with a fence that would reopen every generation, unsigned."""
+
+    def __init__(self) -> None:
+        self.mounts = 0
+
+    def MountSegment(self, request: pb.MountSegmentRequest, context: object) -> object:
+        self.mounts += 1
+        fences = [pb.WriteFence(segment_id=s.segment_id, floor=0) for s in request.segments]
+        return pb.MountSegmentResponse(status=pb.Status(code=OK), heartbeat_interval_s=0.2,
+                                       fences=fences, fences_signature="1.2.3")  # fmt: skip
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: object) -> object:
+        return pb.HeartbeatResponse(status=pb.Status(code=SegmentNotFoundError.code))
+
+
+def test_a_mount_reply_not_signed_by_the_master_reopens_no_grant(tmp_path):
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        node = cluster.nodes[0]
+        with Master(cluster.master_address) as calls:
+            loc = calls.put_start("kept", len(VALUE))
+            with connect(loc) as sock:
+                assert write(sock, loc, VALUE) == (OK, "")
+            assert calls.run(put_end_call([("kept", checksum(VALUE), [])])) == [1]
+        gate = node.server.access.gate
+        # The master's next tick fences the put's generation, and the node drops its seals.
+        wait_until(lambda: gate.generations() == 0, what="the write fence")
+        assert cluster.master is not None
+        port = cluster.master_port
+        cluster.master.stop()
+        impostor = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+        fake = PoseAsMaster()
+        pb_grpc.add_MasterServiceServicer_to_server(fake, impostor)
+        impostor.add_insecure_port(f"127.0.0.1:{port}")
+        impostor.start()
+        try:
+            wait_until(lambda: fake.mounts >= 2, what="the node to mount on the impostor")
+            with connect(loc) as sock:  # the grant is unexpired, and no seal holds any more
+                status, message = write(sock, loc, b"\xee" * len(VALUE))
+            assert status == AccessDeniedError.code and "write grant ended" in message
+        finally:
+            impostor.stop(None)
+        cluster.start_master()
+        cluster.wait_for_nodes(1)
+        with Client(cluster.master_address) as store:
+            assert store.get("kept") == VALUE
