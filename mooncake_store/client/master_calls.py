@@ -7,7 +7,7 @@ blocking framed socket.  Every name here is importable from `master_client.py` t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -72,7 +72,8 @@ class MasterCall(Generic[R]):
     again in order.  The other fields go with every slice, except repeated ones (leases
     asked for or given back), which go with the first slice only.  `slice_failed` says what
     each item of a slice whose call failed reads as (its error, item by item); None: the
-    whole call fails.
+    whole call fails.  A prefix call (`then`) sends its slices one after another, the next
+    only while `then(reply, items)` says the run went through the whole slice.
     """
 
     name: str
@@ -82,6 +83,7 @@ class MasterCall(Generic[R]):
     batch: str = ""
     merge: Callable[[list[Any]], R] | None = None  # None: the slices' lists concatenated
     slice_failed: Callable[[MooncakeError, int], Any] | None = None
+    then: Callable[[Any, int], bool] | None = None
 
     def items(self) -> int:
         """How many items the batch carries (0: not a batch call)."""
@@ -224,12 +226,22 @@ def get_prefix_call(
     keys: Sequence[str], fingerprint: bytes = b""
 ) -> MasterCall[list[ReplicaList | MooncakeError]]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("GetPrefix", request, _replica_lists, idempotent=True)
+    return MasterCall(
+        "GetPrefix", request, _replica_lists, idempotent=True, batch="keys", then=_whole_run
+    )
+
+
+def _whole_run(reply: Sized | int, items: int) -> bool:
+    """A prefix slice's run covered all its `items`: the next slice continues it."""
+    return (reply if isinstance(reply, int) else len(reply)) == items
 
 
 def prefix_match_call(keys: Sequence[str], fingerprint: bytes = b"") -> MasterCall[int]:
     request = pb.KeysRequest(keys=keys, fingerprint=fingerprint)
-    return MasterCall("PrefixMatch", request, lambda reply: int(reply.matched), idempotent=True)
+    return MasterCall(
+        "PrefixMatch", request, lambda reply: int(reply.matched), idempotent=True,
+        batch="keys", merge=sum, then=_whole_run,
+    )  # fmt: skip
 
 
 def exists_call(keys: Sequence[str]) -> MasterCall[list[bool]]:

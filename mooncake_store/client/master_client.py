@@ -12,7 +12,8 @@ framed connection stays open for the calls in flight beside it.
 
 A batch of more items than the master takes in one call (`max_batch_items`, which its Hello
 says; common/batching.py) is sent as slices of at most that many, all in flight at once, and
-their outcomes are merged in order (`MasterCall.slices`).
+their outcomes are merged in order (`MasterCall.slices`); a prefix lookup's slices go one after
+another while the run goes on.
 """
 
 from __future__ import annotations
@@ -354,16 +355,24 @@ class MasterClient:
         """Make one master call and parse its reply; a batch over the master's cap goes as
         slices, all in flight at once (see MasterCall.slices)."""
         parts = call.slices(self.max_batch_items)
+        if parts and call.then is not None:  # a prefix: each slice continues the run
+            replies: list[R | BaseException] = []
+            for part in parts:
+                reply: R = await self.run(part)
+                replies.append(reply)
+                if not call.then(reply, part.items()):
+                    break
+            return call.join(parts[: len(replies)], replies)
         if parts:
             outcomes = await asyncio.gather(*map(self.run, parts), return_exceptions=True)
             return call.join(parts, outcomes)
         try:
-            reply = await self._call(call.name, call.request, idempotent=call.idempotent)
+            answer = await self._call(call.name, call.request, idempotent=call.idempotent)
         except InvalidArgumentError as exc:
             if not self.refused_batch(call, exc):
                 raise
             return await self.run(call)
-        return call.parse(reply)
+        return call.parse(answer)
 
     async def put_start(self, items: Sequence[PutSpec]) -> list[PutPlan | MooncakeError]:
         return await self.run(put_start_call(items))

@@ -143,6 +143,14 @@ class Client:
         channel = self._channel()  # asks the master (Hello) for its endpoint and cap once
         master = self._master()
         parts = call.slices(master.max_batch_items)
+        if parts and call.then is not None:  # a prefix: each slice continues the run
+            replies: list[T | BaseException] = []
+            for part in parts:
+                reply = self._master_call(part)
+                replies.append(reply)
+                if not call.then(reply, part.items()):
+                    break
+            return call.join(parts[: len(replies)], replies)
         if parts:
             outcomes: list[T | BaseException] = []
             for part in parts:

@@ -139,6 +139,15 @@ def test_batches_over_the_cap_go_as_slices_with_per_item_outcomes_in_order(
         buffers = [bytearray(len(batch_value(k))) for k in keys]
         assert store.get_many_into(keys, buffers) == [len(b) for b in buffers]
         assert [bytes(b) for b in buffers] == [batch_value(k) for k in keys]
+        # A prefix goes slice after slice while the run covers each whole.
+        assert store.prefix_match(keys) == 1000
+        before = store.counters[endpoint]
+        assert store.prefix_match(asked) == 520
+        assert store.counters[endpoint] - before == 6  # the 6th slice ended the run
+        buffers = [bytearray(len(batch_value(k))) for k in asked]
+        read = store.get_prefix_into(asked, buffers)
+        assert read.matched == 520 and read.sizes == [len(batch_value(k)) for k in keys[:520]]
+        assert [bytes(b) for b in buffers[:520]] == [batch_value(k) for k in keys[:520]]
 
         # A client that thinks the cap is bigger (an older master that did not say, or one
         # restarted with a smaller cap) learns it from the refusal and splits.
