@@ -84,7 +84,8 @@ class MasterConfig(TlsSettings):
     liveness_port: int = setting(
         0,
         "Port of the heartbeat endpoint (its own threads: client load cannot delay it), learnt "
-        "by nodes at mount; 0 picks a free one, -1 takes heartbeats on --port only.",
+        "by nodes at mount; 0: the port of the last run on this --data-dir when it is free (nodes "
+        "reach a restarted master there at once), else a free one; -1: heartbeats on --port only.",
     )
     restore_grace_s: float = duration_field(
         30.0, "After a restart, how long restored replicas wait for their node to mount again."

@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
@@ -131,6 +132,32 @@ class LivenessServer:
         server.start()
         self._server = server
         self.port = bound
+        return bound
+
+    def start_remembered(self, host: str, port: int, memo: Path) -> int:
+        """`start`, but with `port` 0 first try the port the last master of this data
+        directory listened on (kept in `memo`): its nodes go on heartbeating there while it
+        restarts, so the new master hears them as soon as it has mounted them again, however
+        long its busy main port takes to answer their mounts.  Writes the bound port to
+        `memo`."""
+        bound = 0
+        if port == 0:
+            try:
+                previous = int(memo.read_text().strip())
+            except (OSError, ValueError):
+                previous = 0
+            if 0 < previous < 65536:
+                try:
+                    bound = self.start(host, previous)
+                except OSError:  # taken since: any free port will do
+                    log.info("heartbeat port %d of the last run is taken; picking another",
+                             previous)  # fmt: skip
+        if not bound:
+            bound = self.start(host, port)
+        try:
+            memo.write_text(f"{bound}\n")
+        except OSError as exc:
+            log.warning("cannot remember the heartbeat port in %s: %s", memo, exc)
         return bound
 
     def stop(self, grace_s: float = 1.0) -> None:

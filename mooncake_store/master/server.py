@@ -195,9 +195,10 @@ class MasterServer:
         await server.start()
         if self.config.liveness_port >= 0:
             self._liveness = LivenessServer(self.table.heartbeats, tls=tls, access=self.access)
-            self._servicer.liveness_port = self._liveness.start(
-                self.config.host, self.config.liveness_port
-            )
+            self._servicer.liveness_port = self._liveness.start_remembered(
+                self.config.host, self.config.liveness_port,
+                Path(self.config.data_dir) / "liveness-port",
+            )  # fmt: skip
         if self.config.framed_port >= 0:
             self._framed = FramedServer(
                 InstrumentedServicer(tenants, self.metrics, "framed"),

@@ -40,7 +40,9 @@ class NodeConfig(TlsSettings):
     gpu_bytes: int = size_field(0, "GPU tier size (needs a CUDA GPU and the [gpu] extra); 0: off.")
     node_id: str = setting("", "Stable node name (default hostname:port); a restart keeps it.")
     mount_timeout_s: float = duration_field(
-        5.0, "How long the first mount waits for the master before retrying in the background."
+        5.0,
+        "How long a mount (the first, and every mount again after the master forgot this node) "
+        "waits for the master's reply; heartbeats go on meanwhile.",
     )
     drain_timeout_s: float = duration_field(
         30.0,

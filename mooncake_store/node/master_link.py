@@ -5,8 +5,12 @@ of large transfers) cannot starve them and get a live node declared dead.  They 
 the master names in its MountSegment reply (its heartbeat endpoint, served on threads of its
 own so that client load on the master cannot delay them either), or to the main port.  When
 the master does not know the node (it restarted, or it declared the node dead after a stall),
-the thread mounts again with the same incarnation and a fresh inventory of the persistent
-tiers, which lets a restarted master rebuild its allocators from the replicas it reloaded.  A
+the node mounts again with the same incarnation and a fresh inventory of the persistent
+tiers, which lets a restarted master rebuild its allocators from the replicas it reloaded.
+That mount runs on a thread of its own and waits up to --mount-timeout: heartbeats go on
+meanwhile (at the heartbeat port, or the main port when that does not answer), because a busy
+master may apply a mount long before its reply gets out, and from then on it drops the node
+if it stops hearing from it.  A
 mount refused because another live node holds this node's id (IdentityConflictError) is kept
 in `conflict`: the daemon exits with it instead of fighting the other node for the id.
 
@@ -53,6 +57,7 @@ class MasterLink:
         max_message_bytes: int = 256 * 1024 * 1024,
         call_timeout_s: float = 1.0,
         unmount_timeout_s: float = 2.0,
+        mount_timeout_s: float = 5.0,
         on_fences: Callable[[Sequence[pb.WriteFence] | None, str], None] | None = None,
     ) -> None:
         self.master = master
@@ -63,6 +68,11 @@ class MasterLink:
         # Heartbeats and re-mounts wait this long, or the heartbeat interval when longer.
         self._call_timeout_s = call_timeout_s
         self._unmount_timeout_s = unmount_timeout_s
+        # A mount again waits this long for its reply: a restarted or busy master may take
+        # seconds to reconcile inventories, and re-asking would only give it more to do.
+        self._mount_timeout_s = mount_timeout_s
+        self._remounting: threading.Thread | None = None  # the mount under way, if any
+        self._remount_lock = threading.Lock()
         # The bearer part of the node token (never its secret), sent with every call.
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._build_mount = build_mount
@@ -149,6 +159,8 @@ class MasterLink:
             if not keep_mounted:
                 self.mounted.clear()
             return False
+        if self._stop.is_set():  # stopping: do not count as mounted again (stop() unmounts)
+            return False
         if reply.status.code != OK:
             self.refusal = reply.status.message
             if reply.status.code == IdentityConflictError.code:
@@ -174,36 +186,64 @@ class MasterLink:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             if not self.mounted.is_set():
-                self._close()
-                self.mount(timeout_s=max(self.interval_s, self._call_timeout_s))
-                continue
-            request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
-            try:
-                reply = self._beat_stub.Heartbeat(
-                    request,
-                    timeout=max(self.interval_s, self._call_timeout_s),
-                    metadata=self._signed("Heartbeat", request),
-                )
-            except grpc.RpcError as exc:
+                self._remount(keep_mounted=False)
+            # Beat even while a mount is under way: the master may have mounted this node
+            # already and only be slow to reply, and it drops a node it does not hear from.
+            self._beat()
+
+    def _remount(self, *, keep_mounted: bool) -> None:
+        """Mount again on a thread of its own (one at a time), so that heartbeats go on while
+        a busy or freshly restarted master takes seconds to answer.  A mount whose reply came
+        too late to be read must not cost the node its replicas: the master counts the node
+        from the moment it mounted it, and only heartbeats keep it alive."""
+        with self._remount_lock:
+            if self._stop.is_set() or (
+                self._remounting is not None and self._remounting.is_alive()
+            ):
+                return
+            self._remounting = threading.Thread(
+                target=self.mount, args=(self._mount_timeout_s,),
+                kwargs={"keep_mounted": keep_mounted}, name="remount", daemon=True,
+            )  # fmt: skip
+            self._remounting.start()
+
+    def _beat(self) -> None:
+        channel = self._beat_channel
+        reply = self._heartbeat(self._beat_stub)
+        if reply is None and channel is not None:
+            # The heartbeat port does not answer (the master is restarting, or came back on
+            # another port, and something else may hold the old one): ask the main port
+            # where to heartbeat, on the side, and beat there meanwhile.  A restarted master
+            # listens on its old heartbeat port again when it is free (master/liveness.py).
+            self._remount(keep_mounted=True)
+            reply = self._heartbeat(self._stub)
+        if reply is None:
+            return
+        self.heartbeats += 1
+        refused = reply.status.code == AccessDeniedError.code
+        if refused and not self._beat_refused:  # the master will drop this node: say so
+            log.error("master %s refuses this node's heartbeats: %s", self.master,
+                      reply.status.message)  # fmt: skip
+        self._beat_refused = refused
+        if reply.status.code == SegmentNotFoundError.code and self.mounted.is_set():
+            log.warning("master %s forgot this node; mounting again", self.master)
+            self._close()
+            self.mounted.clear()
+            self._remount(keep_mounted=False)
+
+    def _heartbeat(self, stub: pb_grpc.MasterServiceStub) -> pb.HeartbeatResponse | None:
+        request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
+        try:
+            reply = stub.Heartbeat(
+                request,
+                timeout=max(self.interval_s, self._call_timeout_s),
+                metadata=self._signed("Heartbeat", request),
+            )
+        except grpc.RpcError as exc:
+            if self.mounted.is_set():
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
-                if self._beat_channel is not None and exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    # Nothing listens there (the master restarted?): ask the main port where
-                    # to heartbeat, and go on heartbeating meanwhile.  A slow reply is only
-                    # retried: the main port may be busy, the heartbeat port is not.
-                    self.mount(
-                        timeout_s=max(self.interval_s, self._call_timeout_s), keep_mounted=True
-                    )
-                continue
-            self.heartbeats += 1
-            refused = reply.status.code == AccessDeniedError.code
-            if refused and not self._beat_refused:  # the master will drop this node: say so
-                log.error("master %s refuses this node's heartbeats: %s", self.master,
-                          reply.status.message)  # fmt: skip
-            self._beat_refused = refused
-            if reply.status.code == SegmentNotFoundError.code:
-                log.warning("master %s forgot this node; mounting again", self.master)
-                self._close()
-                self.mount(timeout_s=max(self.interval_s, self._call_timeout_s))
+            return None
+        return reply  # type: ignore[no-any-return]
 
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""
@@ -221,6 +261,10 @@ class MasterLink:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        with self._remount_lock:
+            remounting = self._remounting
+        if remounting is not None and remounting.is_alive():
+            remounting.join(timeout=self._mount_timeout_s + 1)
         if unmount and self.mounted.is_set():
             request = pb.UnmountSegmentRequest(node_id=self.node_id, incarnation=self.incarnation)
             try:

@@ -200,7 +200,8 @@ class StoreNode:
             cfg.master, self._mount_request, tls=tls, token=token, node_secret=secret,
             max_message_bytes=cfg.master_max_message_bytes,
             call_timeout_s=cfg.master_call_timeout_s,
-            unmount_timeout_s=cfg.unmount_timeout_s, on_fences=self._take_fences,
+            unmount_timeout_s=cfg.unmount_timeout_s, mount_timeout_s=cfg.mount_timeout_s,
+            on_fences=self._take_fences,
         )  # fmt: skip
         if self.token:  # found while the link built its first mount request
             self._link.set_token(bearer(self.token), node_secret_of(self.token))
