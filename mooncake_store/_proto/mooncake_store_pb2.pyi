@@ -321,7 +321,7 @@ class UnmountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s", "incarnation", "state", "drop_in_s")
+    __slots__ = ("node_id", "segment_id", "endpoint", "tier", "size_bytes", "used_bytes", "objects", "last_heartbeat_age_s", "incarnation", "state", "drop_in_s", "leases", "leased_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +333,8 @@ class NodeInfo(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DROP_IN_S_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     endpoint: str
@@ -344,7 +346,9 @@ class NodeInfo(_message.Message):
     incarnation: int
     state: str
     drop_in_s: float
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., incarnation: _Optional[int] = ..., state: _Optional[str] = ..., drop_in_s: _Optional[float] = ...) -> None: ...
+    leases: int
+    leased_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., objects: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., incarnation: _Optional[int] = ..., state: _Optional[str] = ..., drop_in_s: _Optional[float] = ..., leases: _Optional[int] = ..., leased_bytes: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -361,7 +365,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("objects", "processing", "bytes_stored", "nodes", "capacity_bytes", "used_bytes", "max_object_bytes", "counters")
+    __slots__ = ("objects", "processing", "bytes_stored", "nodes", "capacity_bytes", "used_bytes", "max_object_bytes", "counters", "leases", "leased_bytes")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +381,8 @@ class StatsResponse(_message.Message):
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
     objects: int
     processing: int
     bytes_stored: int
@@ -385,7 +391,9 @@ class StatsResponse(_message.Message):
     used_bytes: int
     max_object_bytes: int
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    leases: int
+    leased_bytes: int
+    def __init__(self, objects: _Optional[int] = ..., processing: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., nodes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., leases: _Optional[int] = ..., leased_bytes: _Optional[int] = ...) -> None: ...
 
 class AuthenticateRequest(_message.Message):
     __slots__ = ("token", "tenant")

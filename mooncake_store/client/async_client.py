@@ -50,11 +50,12 @@ class AsyncClient(MetadataCalls):
             client certificate, for a cluster that asks for one).  Unset: MOONCAKE_TLS_CA,
             MOONCAKE_TLS_CERT and MOONCAKE_TLS_KEY, else plaintext.  Same-host shared memory is
             used either way.
-        leases: hold allocation leases, so that a put of a size put before is one master
-            round trip (the value is copied into space granted ahead, then committed) instead
-            of two (PutStart, copy, PutEnd).  Off by default: unused leases hold up to 1/8 of
-            a pool that other puts cannot use until the client's connection closes or the put
-            timeout ends them (client/leases.py).
+        leases: hold allocation leases (on by default), so that a put of a size put before
+            is one master round trip (the value is copied into space granted ahead, then
+            committed) instead of two (PutStart, copy, PutEnd).  The master grants them from
+            free room only, takes them back when another put needs the room, and ends them
+            when the client's connection closes (client/leases.py, master/leases.py).  False:
+            every put is two-phase.
         token: the caller's token (`mooncake-admin token create --role client --tenant T`);
             None looks in MOONCAKE_TOKEN, MOONCAKE_TOKEN_FILE, then (master on this host, same
             uid) the master's local token file.  The tenant of the token is the namespace of
@@ -75,7 +76,7 @@ class AsyncClient(MetadataCalls):
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
-        leases: bool = False,
+        leases: bool = True,
         token: str | None = None,
     ) -> None:
         #: The operations as flows, over the settings, counters, master client and same-host

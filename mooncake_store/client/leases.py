@@ -9,7 +9,11 @@ put one more two-phase attempt, never its outcome.
 
 Leases reserve pool space, so a client keeps few: per (size, replicas) class at most what its
 last batch used, and at most `MAX_LEASED_BYTES` per class; it uses a lease only within its first
-half-life (the rest is margin for the copy and the commit).
+half-life (the rest is margin for the copy and the commit), and gives back the ones past it
+with its next leased put.  The master grants leases from free room only and takes them back
+when a put needs the room (master/leases.py): a class it granted fewer than asked is not asked
+for more for `REFUSED_FOR_S`.  Leases are on by default (`Client(leases=False)` opts out); the
+master ends a client's unused leases when its connection closes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from mooncake_store.common.errors import MooncakeError
 MAX_LEASES_PER_CLASS = 64
 MAX_LEASED_BYTES = 64 << 20  # per class: leases hold pool space nobody else can use
 MAX_CLASSES = 8
+REFUSED_FOR_S = 1.0  # a class the master granted fewer leases than asked: not asked meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +56,11 @@ class LeasePool:
 
     def __init__(self) -> None:
         self._held: dict[tuple[int, int], list[Lease]] = {}
-        self._want: dict[tuple[int, int], int] = {}  # how many the last use of a class took
-        # A class the master granted fewer leases than asked (its share of the pools is
-        # used up): batches of more than that go two-phase without asking again.
-        self._granted_at_most: dict[tuple[int, int], int] = {}
-        self._retired: list[str] = []  # leases to release with the next leased call
+        # A class the master granted fewer leases than asked (no free room, or the leases'
+        # share of the pools is used up): batches of more than that go two-phase without
+        # asking again, until the time given (time.monotonic()).
+        self._granted_at_most: dict[tuple[int, int], tuple[int, float]] = {}
+        self._stale: list[str] = []  # leases past their use, to give back
         self._lock = threading.Lock()
 
     def take(self, specs: Sequence[PutSpec]) -> list[Lease] | None:
@@ -67,31 +72,13 @@ class LeasePool:
             need[cls] = need.get(cls, 0) + 1
         with self._lock:
             for cls, n in need.items():
-                self._want[cls] = min(n, self._cap(cls))
                 held = self._held.get(cls)
                 if held:
+                    self._stale += [x.lease_id for x in held if x.usable_until <= now]
                     held[:] = [lease for lease in held if lease.usable_until > now]
                 if not held or len(held) < n:
                     return None
             return [self._held[(s.size_bytes, s.replicas)].pop() for s in specs]
-
-    def give_back(self, leases: Sequence[Lease]) -> None:
-        """Leases that were not used (the key was stored already): keep them."""
-        with self._lock:
-            for lease in leases:
-                self._held.setdefault((lease.size_bytes, lease.replicas), []).append(lease)
-
-    def retire(self, leases: Sequence[Lease]) -> None:
-        """Leases a deduplicated put wrote over TCP or gRPC: the node sealed those bytes against
-        their grants (node/write_gate.py), so they cannot be written again.  They are released
-        with the next leased call (`take_retired`) instead of being kept."""
-        with self._lock:
-            self._retired += [lease.lease_id for lease in leases]
-
-    def take_retired(self) -> list[str]:
-        with self._lock:
-            out, self._retired = self._retired, []
-        return out
 
     def wanted(self, specs: Sequence[PutSpec]) -> list[pb.LeaseRequest]:
         """What to ask for to serve the next batch like `specs` from leases."""
@@ -104,9 +91,11 @@ class LeasePool:
             if len(self._held) > MAX_CLASSES:  # sizes come and go: forget the empty classes
                 for cls in [c for c, held in self._held.items() if not held]:
                     del self._held[cls]
+            now = time.monotonic()
             for (size, replicas), n in counts.items():
                 have = len(self._held.get((size, replicas), ()))
-                if n > self._granted_at_most.get((size, replicas), n):
+                at_most, until = self._granted_at_most.get((size, replicas), (n, 0.0))
+                if n > at_most and now < until:
                     continue
                 want = max(min(n, self._cap((size, replicas))) - have, 0)
                 if want and (len(self._held) < MAX_CLASSES or (size, replicas) in self._held):
@@ -120,7 +109,8 @@ class LeasePool:
                 cls = (want.size_bytes, want.replicas)
                 got = sum(1 for x in leases if (x.size_bytes, x.wanted_replicas) == cls)
                 if got < want.count:
-                    self._granted_at_most[cls] = got + len(self._held.get(cls, ()))
+                    limit = got + len(self._held.get(cls, ()))
+                    self._granted_at_most[cls] = (limit, now + REFUSED_FOR_S)
             for lease in leases:
                 held = self._held.setdefault((lease.size_bytes, lease.wanted_replicas), [])
                 held.append(Lease(
@@ -129,14 +119,11 @@ class LeasePool:
                     now + max(0.0, lease.expires_in_s) / 2,
                 ))  # fmt: skip
 
-    def drain(self) -> list[str]:
-        """Every held lease id (to give back when the client closes)."""
+    def stale(self) -> list[str]:
+        """Leases found past their use since the last call (drained): to give back."""
         with self._lock:
-            ids = [lease.lease_id for held in self._held.values() for lease in held]
-            ids += self._retired
-            self._held.clear()
-            self._retired = []
-        return ids
+            out, self._stale = self._stale, []
+        return out
 
     @staticmethod
     def _cap(cls: tuple[int, int]) -> int:

@@ -134,6 +134,8 @@ class MetadataCalls:
             s.used_bytes,
             s.max_object_bytes,
             dict(s.counters),
+            leases=s.leases,
+            leased_bytes=s.leased_bytes,
         )
 
     async def list_nodes(self) -> list[NodeStatus]:
@@ -152,6 +154,8 @@ class MetadataCalls:
                 n.last_heartbeat_age_s,
                 n.state or "valid",  # an older master lists valid nodes only, and no state
                 n.drop_in_s,
+                leases=n.leases,
+                leased_bytes=n.leased_bytes,
             )
             for n in reply.nodes
         ]

@@ -148,6 +148,10 @@ class NodeStatus:
     last_heartbeat_age_s: float
     state: str = "valid"
     drop_in_s: float = 0.0
+    #: Unused allocation leases (space granted to clients ahead of their puts), left out of
+    #: `objects` and `used_bytes`: a put that needs their room gets it.
+    leases: int = 0
+    leased_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +164,7 @@ class ClusterStats:
     used_bytes: int
     max_object_bytes: int
     counters: dict[str, int]
+    #: Unused allocation leases, all nodes, left out of `processing` (puts in flight) and
+    #: `used_bytes`: a put that needs their room gets it.
+    leases: int = 0
+    leased_bytes: int = 0

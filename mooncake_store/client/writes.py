@@ -258,7 +258,8 @@ class WriteFlows(LocalPools):
             raise
         landed = [(p, lease) for p, lease in zip(pending, leases, strict=True) if p.landed()]
         unused = [lease.lease_id for p, lease in zip(pending, leases, strict=True)
-                  if not p.landed()] + self._leases.take_retired()  # fmt: skip
+                  if not p.landed()]  # fmt: skip
+        unused += self._leases.stale()  # past their use: their room is free at once
         outcomes: list[LeasedOutcome] = []
         granted: list[pb.Lease] = []
         if landed or unused:
@@ -270,14 +271,10 @@ class WriteFlows(LocalPools):
             outcomes, granted = yield call
             self._leases.add(granted, wanted)
         redo = [p for p in pending if not p.landed()]
-        for (p, lease), outcome in zip(landed, outcomes, strict=True):
+        for (p, _lease), outcome in zip(landed, outcomes, strict=True):
             if outcome.error is not None:  # the lease failed: nothing visible, put it again
                 redo.append(p)
-            elif outcome.already_exists:  # the lease was not used: kept, unless its grants
-                if all(self._mapped(loc) is not None for loc in lease.locations):
-                    self._leases.give_back([lease])
-                else:  # wrote bytes over TCP, which are sealed against them now
-                    self._leases.retire([lease])
+            elif outcome.already_exists:  # the master gave the lease back: it was written
                 p.plan = PutPlan(True, [])
             else:
                 committed[p.key] = outcome.replicas

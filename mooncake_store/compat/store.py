@@ -82,11 +82,15 @@ class MooncakeDistributedStore(RangeMethods):
         rdma_devices: str = "",
         master_server_addr: str = DEFAULT_MASTER,
         engine: object = None,
+        *,
+        leases: bool = True,
         **options: Any,
     ) -> int:
         """Connect to the master at `master_server_addr`; with `global_segment_size` > 0,
         start a store node of that size owned by this client (stopped at close()).  Also
-        `setup(config_dict)` with Mooncake's config keys.  Returns 0 or a negative code."""
+        `setup(config_dict)` with Mooncake's config keys.  `leases` (config key "leases"):
+        the client holds allocation leases, so a steady put is one master round trip
+        (`Client(leases=...)`).  Returns 0 or a negative code."""
         if isinstance(local_hostname, dict):
             config = local_hostname
             return self.setup(
@@ -98,6 +102,7 @@ class MooncakeDistributedStore(RangeMethods):
                 str(config.get("rdma_devices", config.get("device_name", ""))),
                 str(config.get("master_server_addr", config.get("master_server_address", ""))
                     or DEFAULT_MASTER),
+                leases=bool(config.get("leases", True)),
             )  # fmt: skip
         if self._client is not None:
             log.warning("setup() called twice; keeping the first connection")
@@ -109,7 +114,7 @@ class MooncakeDistributedStore(RangeMethods):
             log.error("setup: %s", exc)
             return codes.INVALID_PARAMS
         self._log_notes(metadata_server, local_buffer_size, protocol, rdma_devices, engine, options)
-        client = Client(master_server_addr)
+        client = Client(master_server_addr, leases=leases)
         try:
             client.connect()
         except Exception as exc:

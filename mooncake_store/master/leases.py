@@ -9,10 +9,22 @@ and dies with its node, through the same rules as every pending put (puts.py).
 Committing renames the pending put to the real key and seals it (`put_end`): the object is
 invisible until its commit is durable, exactly as a two-phase put is.
 
-- A key already stored is deduplicated and the lease stays the client's (it was not used).
-- A put that finds no room (or the pending share used up) releases every unused lease and
-  tries again: leases are opportunistic and never make a put fail.  Unused leases hold at most
-  `LEASE_SHARE` of a pool.
+Leases never cost anyone else space:
+
+- A lease takes free room only, never an eviction (`put_start(lease_room=...)`), and unused
+  leases hold at most `LEASE_SHARE` of a pool.  So filling a pool never evicts a block that a
+  store without leases would keep, and a pool that is full and evicting grants no leases (its
+  puts are two-phase until it has free room again).
+- A plain put that finds no free room gives every unused lease back first (`release_all`), and
+  the master service waits for the nodes to fence their write grants so that the put gets that
+  room (service_puts.py); only then does it evict, or fail with NoSpaceError.
+- Reports count unused leases on their own (`Segment.leases` / `leased_bytes`, `lease_usage`):
+  never as objects, replicas, puts in flight or bytes used by objects.
+
+And a lease that goes wrong costs the put a retry, never its outcome:
+
+- A key already stored is deduplicated; the lease, written already, is given back (a write
+  grant writes its bytes once: node/write_gate.py).
 - A commit that fails for any other reason (the lease expired, the master restarted, the key is
   being written by someone else, the identity differs) releases the lease: nothing becomes
   visible, and the client puts the value again the two-phase way.
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from mooncake_store.common.errors import (
@@ -31,11 +44,11 @@ from mooncake_store.common.errors import (
     ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
-from mooncake_store.master.columns import PROCESSING
 from mooncake_store.master.objects import ObjectMeta
 
 if TYPE_CHECKING:
     from mooncake_store.master.object_table import ObjectTable, PutStartOutcome
+    from mooncake_store.master.segments import Segment
 
 LEASE_PREFIX = "\x00lease\x00"
 MAX_LEASES_PER_CALL = 64
@@ -49,22 +62,20 @@ def is_lease(key: str) -> bool:
 def grant_leases(
     table: ObjectTable, size_bytes: int, replicas: int, count: int, owner: int
 ) -> list[tuple[str, PutStartOutcome]]:
-    """Up to `count` leases of `size_bytes` on `replicas` nodes each (fewer when space runs
-    out: a lease is never worth a NoSpaceError)."""
-    _prune(table)
+    """Up to `count` leases of `size_bytes` on `replicas` nodes each, in free room only and
+    within `LEASE_SHARE` of each pool (fewer, or none: a lease is never worth a NoSpaceError
+    nor an eviction)."""
+
+    def room(seg: Segment) -> bool:
+        extent = seg.allocator.aligned(size_bytes)
+        return seg.leased_bytes + extent <= seg.allocator.capacity_bytes * LEASE_SHARE
+
     out: list[tuple[str, PutStartOutcome]] = []
     for _ in range(max(0, min(count, MAX_LEASES_PER_CALL))):
         key = f"{LEASE_PREFIX}{owner:x}\x00{os.urandom(16).hex()}"
         try:
-            outcome = table.put_start(key, size_bytes, replicas, owner=owner)
+            outcome = table.put_start(key, size_bytes, replicas, owner=owner, lease_room=room)
         except MooncakeError:
-            break
-        if outcome.already_exists or not outcome.placements:  # cannot happen for a new key
-            break
-        table._lease_keys.add(key)
-        if any(_leased_bytes(table, seg.segment_id) > seg.allocator.capacity_bytes * LEASE_SHARE
-               for seg, _ in outcome.placements):  # fmt: skip
-            release_lease(table, key)  # leases never hold more than their share of a pool
             break
         table.counters["leases_granted"] = table.counters.get("leases_granted", 0) + 1
         out.append((key, outcome))
@@ -88,7 +99,7 @@ def put_leased(
 ) -> ObjectMeta | None:
     """Make lease `lease` the put of `key` and seal it with `checksum` (COMMITTING; the caller
     persists the snapshot and calls `commit_put_end`, as after `put_end`).  None: `key` is
-    already stored (deduplicated; the lease was not used and stays the caller's).
+    already stored (deduplicated; the lease, written already, is released).
 
     Raises (the lease is left as it is; the caller releases it):
         ObjectNotFoundError: no such lease (expired, revoked, or the master restarted).
@@ -100,7 +111,7 @@ def put_leased(
     if is_lease(key):
         raise InvalidValueError("keys starting with NUL 'lease' NUL are reserved")
     slot = table._slot.get(lease)
-    if not is_lease(lease) or slot is None or table._state[slot] != PROCESSING:
+    if lease not in table._lease_keys or slot is None:
         raise ObjectNotFoundError("the lease is gone (expired, revoked or the master restarted)")
     if table._size[slot] != size_bytes:
         raise InvalidValueError(
@@ -122,6 +133,7 @@ def put_leased(
                     f"{key!r} is already stored with a different value"
                 )  # (or heals a key whose stored replicas all fail their checksum)
             table.counters["puts_deduplicated"] += 1
+            release_lease(table, lease)
             return None
         table._delete(existing, 0.0)  # restored, but none of its nodes came back
     _rename(table, slot, lease, key)
@@ -142,16 +154,14 @@ def put_leased(
 
 def release_lease(table: ObjectTable, lease: str) -> bool:
     """Give a lease's space back (a no-op for a lease already gone); True if one was held."""
-    slot = table._slot.get(lease)
-    table._lease_keys.discard(lease)
-    if not is_lease(lease) or slot is None or table._state[slot] != PROCESSING:
+    if lease not in table._lease_keys:
         return False
     table.put_revoke(lease)
     return True
 
 
 def release_all(table: ObjectTable) -> int:
-    """Give back every unused lease (a put found no room: leases must never cost one)."""
+    """Give back every unused lease (a put found no free room: leases must never cost one)."""
     released = sum(release_lease(table, key) for key in list(table._lease_keys))
     table.counters["leases_released_for_room"] = (
         table.counters.get("leases_released_for_room", 0) + released
@@ -161,11 +171,28 @@ def release_all(table: ObjectTable) -> int:
 
 def leases_pending(table: ObjectTable) -> int:
     """Pending puts that are unused leases (not puts in flight: nobody will end them soon)."""
-    return sum(1 for key in table._lease_keys if key in table._pending)
+    return len(table._lease_keys)
+
+
+def lease_usage(segments: Iterable[Segment]) -> tuple[int, int]:
+    """(unused lease extents, their bytes) in `segments`, for reports."""
+    count = size = 0
+    for seg in segments:
+        count += seg.leases
+        size += seg.leased_bytes
+    return count, size
 
 
 def _rename(table: ObjectTable, slot: int, old: str, new: str) -> None:
-    """Move a pending put from key `old` to key `new` (same slot, extents and deadline)."""
+    """Move a pending put from key `old` (a lease) to key `new` (same slot, extents and
+    deadline): from now on it is a put in flight, no longer an unused lease."""
+    extent = 0
+    for r in table._replicas(slot):
+        seg = table._segments.get(r.segment_id)
+        if seg is not None:
+            extent = extent or seg.allocator.aligned(table._size[slot])
+            seg.leases -= 1
+            seg.leased_bytes -= extent
     del table._slot[old]
     table._slot[new] = slot
     table._key[slot] = new
@@ -178,19 +205,3 @@ def _rename(table: ObjectTable, slot: int, old: str, new: str) -> None:
         if keys is not None:
             keys.discard(old)
             keys.add(new)
-
-
-def _leased_bytes(table: ObjectTable, segment_id: int) -> int:
-    total = 0
-    for key in table._lease_keys:
-        slot = table._slot.get(key)
-        if slot is not None and table._state[slot] == PROCESSING:
-            if any(r.segment_id == segment_id for r in table._replicas(slot)):
-                total += table._size[slot]
-    return total
-
-
-def _prune(table: ObjectTable) -> None:
-    gone = [key for key in table._lease_keys if key not in table._pending]
-    for key in gone:
-        table._lease_keys.discard(key)

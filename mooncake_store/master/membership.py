@@ -69,6 +69,7 @@ class Membership(ObjectColumns):
     under_replicated: set[str]
     _dirty: dict[str, bool]
     _pending: dict[str, float]
+    _lease_keys: set[str]  # pending puts that are allocation leases (leases.py)
     _moves: dict[tuple[int, int, int], int]  # (segment, generation, offset) -> size
     draining: Collection[str]  # nodes being drained (drain.py)
 
@@ -395,6 +396,7 @@ class Membership(ObjectColumns):
             committed = self._state[slot] != PROCESSING
             self._release_slot(slot)
             self._pending.pop(key, None)
+            self._lease_keys.discard(key)  # an unused allocation lease dies with its node
             if committed:
                 self._dirty.pop(key, None)
                 result.deleted_keys.append(key)

@@ -203,18 +203,24 @@ class TableCollector(Collector):
             "mooncake_master_segment_capacity_bytes", "Size of a node's tier.",
             labels=["node", "tier"],
         )  # fmt: skip
+        leased = GaugeMetricFamily(
+            "mooncake_master_segment_leased_bytes", "Bytes of a node's tier granted to clients "
+            "as allocation leases and not used yet (not in used_bytes).", labels=["node", "tier"],
+        )  # fmt: skip
         tier_objects: dict[str, int] = {}
         tier_used: dict[str, int] = {}
         tier_capacity: dict[str, int] = {}
         for seg in table.segments():
             tier = seg.tier.value
-            objects.add_metric([seg.node_id, tier], seg.objects)
-            used.add_metric([seg.node_id, tier], seg.allocator.used_bytes)
+            used_bytes = seg.allocator.used_bytes - seg.leased_bytes  # unused leases: apart
+            objects.add_metric([seg.node_id, tier], seg.objects - seg.leases)
+            used.add_metric([seg.node_id, tier], used_bytes)
             capacity.add_metric([seg.node_id, tier], seg.allocator.capacity_bytes)
-            tier_objects[tier] = tier_objects.get(tier, 0) + seg.objects
-            tier_used[tier] = tier_used.get(tier, 0) + seg.allocator.used_bytes
+            leased.add_metric([seg.node_id, tier], seg.leased_bytes)
+            tier_objects[tier] = tier_objects.get(tier, 0) + seg.objects - seg.leases
+            tier_used[tier] = tier_used.get(tier, 0) + used_bytes
             tier_capacity[tier] = tier_capacity.get(tier, 0) + seg.allocator.capacity_bytes
-        yield from (objects, used, capacity)
+        yield from (objects, used, capacity, leased)
         yield _by_tier("mooncake_master_tier_objects", "Replicas held in a tier, all nodes.",
                        tier_objects)  # fmt: skip
         yield _by_tier("mooncake_master_tier_used_bytes", "Bytes allocated in a tier, all nodes.",
@@ -225,8 +231,11 @@ class TableCollector(Collector):
                                 value=table.object_count())  # fmt: skip
         yield GaugeMetricFamily("mooncake_master_stored_bytes", "Bytes of committed objects.",
                                 value=table.bytes_stored())  # fmt: skip
+        leases = len(table._lease_keys)  # unused allocation leases: not puts, counted apart
         yield GaugeMetricFamily("mooncake_master_pending_puts", "Puts started and not ended.",
-                                value=table.pending_count())  # fmt: skip
+                                value=table.pending_count() - leases)  # fmt: skip
+        yield GaugeMetricFamily("mooncake_master_leases", "Allocation leases granted to "
+                                "clients and not used yet.", value=leases)  # fmt: skip
         yield GaugeMetricFamily(
             "mooncake_master_under_replicated_objects", "Objects that lost a replica and wait "
             "for a repair copy.", value=len(table.under_replicated),

@@ -278,6 +278,8 @@ class ObjectTable(ObjectReads):
         """Check cross-structure invariants (used by tests)."""
         per_segment: dict[int, list[tuple[int, int]]] = {}  # extents held by replicas
         pending: dict[int, int] = {}  # bytes held by puts not committed yet
+        leased: dict[int, list[int]] = {}  # segment -> [unused leases, their bytes]
+        assert self._lease_keys <= self._pending.keys(), "a lease that is not a pending put"
         for key, slot in self._slot.items():
             assert self._key[slot] == key
             replicas = self._replicas(slot)
@@ -294,6 +296,10 @@ class ObjectTable(ObjectReads):
                     per_segment.setdefault(r.segment_id, []).append(extent)
                     if self._state[slot] != COMPLETE:
                         pending[r.segment_id] = pending.get(r.segment_id, 0) + extent[1]
+                    if key in self._lease_keys:
+                        counts = leased.setdefault(r.segment_id, [0, 0])
+                        counts[0] += 1
+                        counts[1] += extent[1]
         assert sorted(self._free_slots) == [s for s, key in enumerate(self._key) if key is None], (
             "free slots out of step with the key column"
         )
@@ -309,6 +315,7 @@ class ObjectTable(ObjectReads):
             extents = per_segment.get(seg.segment_id, [])
             assert seg.objects == len(extents), "segment object count"
             assert seg.pending_bytes == pending.get(seg.segment_id, 0), "pending bytes"
+            assert [seg.leases, seg.leased_bytes] == leased.get(seg.segment_id, [0, 0]), "leases"
             fenced = [(o, seg.allocator.aligned(n)) for o, n in self.fences.held_extents(seg)]
             seg.allocator.validate(
                 extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, []) + fenced

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -74,6 +74,8 @@ class PutLifecycle(EvictionVictims):
         owner: int = 0,
         soft_pin_ttl_s: float = 0.0,
         preferred_nodes: Sequence[str] = (),
+        evict: bool = True,
+        lease_room: Callable[[Segment], bool] | None = None,
     ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
 
@@ -84,7 +86,10 @@ class PutLifecycle(EvictionVictims):
         `preferred_nodes` (node ids or data endpoints) receive the replicas when they have
         room.  `owner` names the client connection (0: none): `revoke_owner` ends its pending
         puts.  When no node has room, victims are evicted synchronously, for at most
-        `max_pending_share` of a segment held by pending puts.
+        `max_pending_share` of a segment held by pending puts; with `evict` False, NoSpaceError
+        instead.  `lease_room` makes it an allocation lease (leases.py): only segments it
+        accepts, free room only (never an eviction), and every replica a plain put would get
+        or none.
 
         Raises:
             InvalidKeyError / InvalidValueError / InvalidArgumentError: bad key, size or metadata.
@@ -146,7 +151,11 @@ class PutLifecycle(EvictionVictims):
         } if preferred_nodes else set()  # fmt: skip
         # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
         # may hold (and evict for) at most max_pending_share of a pool.
+        if lease_room is not None:
+            return self._lease_start(key, size_bytes, wanted, fast, extent, lease_room, owner)
         chosen = choose_segments(fast, extent, wanted, preferred)
+        if not chosen and not evict:
+            raise NoSpaceError(f"no store node has {extent} free bytes for {key!r}")
         if not chosen:
             open_ = [
                 s for s in fast
@@ -172,6 +181,51 @@ class PutLifecycle(EvictionVictims):
                 f"can be evicted (every block is pinned, leased or being written; "
                 f"{len(fast)} DRAM segments{held})"
             )
+        return self._allocate(
+            key, size_bytes, chosen, extent, now, wanted, owner, fingerprint=fingerprint,
+            parent_key=parent_key, tag=tag, pin_until=pin_until, soft_pin_ttl_s=soft_pin_ttl_s,
+        )  # fmt: skip
+
+    def _lease_start(
+        self,
+        key: str,
+        size_bytes: int,
+        wanted: int,
+        fast: list[Segment],
+        extent: int,
+        lease_room: Callable[[Segment], bool],
+        owner: int,
+    ) -> PutStartOutcome:
+        """put_start of an allocation lease: free room in segments `lease_room` accepts, on
+        as many nodes as a plain put would get (it takes free room first), or NoSpaceError."""
+        could = len(choose_segments(fast, extent, wanted))
+        chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
+        if not chosen or len(chosen) < could:
+            raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
+        outcome = self._allocate(key, size_bytes, chosen, extent, self._clock(), wanted, owner)
+        self._lease_keys.add(key)
+        for seg in chosen:
+            seg.leases += 1
+            seg.leased_bytes += extent
+        return outcome
+
+    def _allocate(
+        self,
+        key: str,
+        size_bytes: int,
+        chosen: list[Segment],
+        extent: int,
+        now: float,
+        wanted: int,
+        owner: int,
+        *,
+        fingerprint: bytes = b"",
+        parent_key: str = "",
+        tag: bytes = b"",
+        pin_until: float = 0.0,
+        soft_pin_ttl_s: float = 0.0,
+    ) -> PutStartOutcome:
+        """Allocate `key`'s extents in the `chosen` segments: a pending put from now on."""
         placements = []
         for seg in chosen:
             offset = seg.allocator.allocate(size_bytes)
@@ -335,6 +389,7 @@ class PutLifecycle(EvictionVictims):
     def _unpend(self, slot: int, replicas: Iterable[Replica]) -> None:
         """These replicas of a pending put no longer count against their segment's share;
         the put no longer belongs to a connection."""
+        replicas = tuple(replicas)
         extent = 0
         for r in replicas:
             seg = self._segments.get(r.segment_id)
@@ -343,6 +398,13 @@ class PutLifecycle(EvictionVictims):
                 seg.pending_bytes -= extent
         self.fences.dirty = True  # its write grants end: tell the nodes
         key = self._key[slot]
+        if key in self._lease_keys:  # an unused allocation lease ends (leases.py)
+            self._lease_keys.discard(key)  # type: ignore[arg-type]
+            for r in replicas:
+                seg = self._segments.get(r.segment_id)
+                if seg is not None:
+                    seg.leases -= 1
+                    seg.leased_bytes -= extent
         owner = self._owner_of.pop(key, 0) if key is not None else 0
         if owner:
             keys = self._owned.get(owner)

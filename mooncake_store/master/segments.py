@@ -52,7 +52,10 @@ class Segment:
     allocator, and a deferred free or a copy planned against an older one is stale.
     """
 
-    __slots__ = ("allocator", "generation", "info", "objects", "pending_bytes", "persistent")
+    __slots__ = (
+        "allocator", "generation", "info", "leased_bytes", "leases", "objects", "pending_bytes",
+        "persistent",
+    )  # fmt: skip
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, generation: int = 0) -> None:
         self.info = info
@@ -60,6 +63,10 @@ class Segment:
         self.generation = generation
         self.objects = 0
         self.pending_bytes = 0  # extents of puts started and not yet committed
+        # Of those, unused allocation leases (master/leases.py): extents and their bytes,
+        # which `objects` and `pending_bytes` include and reports leave out of objects.
+        self.leases = 0
+        self.leased_bytes = 0
         self.persistent = info.tier.persistent  # read on every lookup
 
     @property

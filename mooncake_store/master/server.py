@@ -186,6 +186,7 @@ class MasterServer:
         add_to_server(InstrumentedServicer(tenants, self.metrics, "grpc"), server)  # type: ignore[arg-type]
         self.mover.control_keys = self._servicer.control_keys
         self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
+        self._servicer.fence_now = self._fence_now  # puts wait for released leases' room
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)
@@ -337,6 +338,19 @@ class MasterServer:
             self._fencing = task
             self._releases.add(task)
             task.add_done_callback(self._fenced)
+
+    async def _fence_now(self) -> None:
+        """Push the write fences now, after the push in flight, and wait for the nodes (a put
+        that gave unused allocation leases back waits for their room: service_puts.py)."""
+        while self._fencing is not None:
+            await asyncio.shield(self._fencing)
+        fences = self.table.take_fences()
+        if fences:
+            task = asyncio.get_running_loop().create_task(self.mover.fence(fences))
+            self._fencing = task
+            self._releases.add(task)
+            task.add_done_callback(self._fenced)
+            await asyncio.shield(task)
 
     def _fenced(self, task: asyncio.Task[None]) -> None:
         self._releases.discard(task)

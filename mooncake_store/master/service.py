@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -29,6 +30,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.corruption import RecentChecks, Verifier
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.grpc_owners import GrpcOwners
+from mooncake_store.master.leases import lease_usage
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
@@ -73,6 +75,9 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         #: calls, so no corrupt report can be checked and none deletes anything.
         self.verify_extents: Verifier | None = None
         self.recent_checks = RecentChecks()  # keys whose replicas checked out lately
+        #: Pushes the write fences now and waits for the nodes (set by the server); a put
+        #: that gave unused leases back waits for it to get their room (service_puts.py).
+        self.fence_now: Callable[[], Awaitable[None]] | None = None
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
@@ -96,13 +101,17 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         counters["metadata_batches"] = self.store.batches_written
         counters["metadata_mutations"] = self.store.mutations_written
         counters["metadata_reopened"] = self.store.reopened
+        _, leased_bytes = lease_usage(segments)  # unused leases: reported apart from objects
+        leases = len(self.table._lease_keys)
         return pb.StatsResponse(
             objects=self.table.object_count(),
-            processing=self.table.pending_count(),
+            processing=self.table.pending_count() - leases,
             bytes_stored=self.table.bytes_stored(),
             nodes=len({s.node_id for s in segments}),
             capacity_bytes=sum(s.allocator.capacity_bytes for s in segments),
-            used_bytes=sum(s.allocator.used_bytes for s in segments),
+            used_bytes=sum(s.allocator.used_bytes for s in segments) - leased_bytes,
+            leases=leases,
+            leased_bytes=leased_bytes,
             max_object_bytes=max(
                 (s.allocator.capacity_bytes for s in segments if s.tier is Tier.DRAM), default=0
             ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
@@ -90,6 +91,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     verify_extents: Verifier | None  # hashes extents on their nodes (corruption.py)
     recent_checks: RecentChecks  # keys whose replicas checked out lately
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
+    fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
     _committing: dict[str, asyncio.Future[None]]  # key -> its commit's outcome
 
     async def persist_dirty(self) -> None:

@@ -239,8 +239,10 @@ class NodeMethods(ServicerBase):
                         endpoint=s.info.node.endpoint,
                         tier=s.tier.value,
                         size_bytes=s.allocator.capacity_bytes,
-                        used_bytes=s.allocator.used_bytes,
-                        objects=s.objects,
+                        used_bytes=s.allocator.used_bytes - s.leased_bytes,  # leases: apart
+                        objects=s.objects - s.leases,
+                        leases=s.leases,
+                        leased_bytes=s.leased_bytes,
                         last_heartbeat_age_s=age_s,
                         incarnation=s.info.node.incarnation,
                         state=condition.value,

@@ -22,15 +22,20 @@ from mooncake_store.master.service_base import _OK, ServicerBase, _location, _st
 
 log = logging.getLogger("mooncake.master")
 
+LEASE_FENCE_WAIT_S = 1.0  # a put waits this long at most for released leases' room
+
 
 class PutMethods(ServicerBase):
     """The put methods (see the module docstring)."""
 
     # ---- puts --------------------------------------------------------------------------------
 
-    def _put_start(self, item: pb.PutStartItem, owner: int = 0) -> pb.PutStartResult:
+    def _put_start(
+        self, item: pb.PutStartItem, owner: int = 0, outcome: PutStartOutcome | None = None
+    ) -> pb.PutStartResult:
         try:
-            outcome = self._put_start_room(item, owner)
+            if outcome is None:
+                outcome = self._put_start_once(item, owner)
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
         if outcome.already_exists:  # with the stored checksum: a different value is a conflict
@@ -58,16 +63,50 @@ class PutMethods(ServicerBase):
             ],
         )
 
-    def _put_start_room(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
-        """put_start; out of room, unused allocation leases are given back and it tries again."""
-        try:
-            return self._put_start_once(item, owner)
-        except NoSpaceError:
-            if not release_all(self.table):
-                raise
-        return self._put_start_once(item, owner)
+    async def _put_starts(
+        self, items: list[pb.PutStartItem], owner: int
+    ) -> list[pb.PutStartResult]:
+        """put_start of each item.  Unused allocation leases give way to puts (leases.py): while
+        some are held, a put takes free room only; one that finds none gives every lease back
+        and, once the nodes fenced their write grants (their space is free then), starts again
+        the usual way (evicting, or NoSpaceError)."""
+        released = False
+        waiting: list[int] = []
 
-    def _put_start_once(self, item: pb.PutStartItem, owner: int) -> PutStartOutcome:
+        def start(n: int, item: pb.PutStartItem) -> pb.PutStartResult:
+            nonlocal released
+            if released or self.table._lease_keys:
+                try:
+                    return self._put_start(item, owner, self._put_start_once(item, owner, False))
+                except NoSpaceError:
+                    released = bool(release_all(self.table)) or released
+                    if released:
+                        waiting.append(n)
+                        return pb.PutStartResult()  # replaced below
+                except MooncakeError as exc:
+                    return pb.PutStartResult(status=_status(exc))
+            return self._put_start(item, owner)
+
+        results = await each(list(enumerate(items)), lambda pair: start(*pair))
+        if waiting:
+            await self._fence_released_leases()
+            for n in waiting:
+                results[n] = self._put_start(items[n], owner)
+        return results
+
+    async def _fence_released_leases(self) -> None:
+        """Wait (a moment at most) for the nodes to fence the write grants of released leases:
+        their extents are free from then on (master/fences.py)."""
+        if self.fence_now is None:
+            return
+        try:
+            await asyncio.wait_for(self.fence_now(), timeout=LEASE_FENCE_WAIT_S)
+        except Exception as exc:  # a node slow to answer: the put evicts instead
+            log.info("released leases not fenced in time (%r): the put may evict", exc)
+
+    def _put_start_once(
+        self, item: pb.PutStartItem, owner: int, evict: bool = True
+    ) -> PutStartOutcome:
         return self.table.put_start(
             item.key,
             item.size_bytes,
@@ -79,6 +118,7 @@ class PutMethods(ServicerBase):
             owner=owner,
             soft_pin_ttl_s=item.soft_pin_ttl_s,
             preferred_nodes=item.preferred_nodes,
+            evict=evict,
         )
 
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:
@@ -87,8 +127,7 @@ class PutMethods(ServicerBase):
     async def _put_start_batch(
         self, items: list[pb.PutStartItem], context: object
     ) -> list[pb.PutStartResult]:
-        owner = self._owner(context)
-        results = await each(items, lambda i: self._put_start(i, owner))
+        results = await self._put_starts(items, self._owner(context))
         try:
             await self.persist_dirty()  # evicted blocks are gone for good before their space
         except Exception as exc:  # is reused: when that cannot be written, nobody gets it

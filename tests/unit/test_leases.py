@@ -7,12 +7,14 @@ import pytest
 from mooncake_store.common.errors import (
     IdentityMismatchError,
     InvalidValueError,
+    NoSpaceError,
     ObjectBusyError,
     ObjectNotFoundError,
 )
 from mooncake_store.master.leases import (
     LEASE_SHARE,
     grant_leases,
+    lease_usage,
     put_leased,
     release_all,
     release_lease,
@@ -60,13 +62,16 @@ def test_a_lease_is_invisible_space_and_a_leased_put_commits_like_put_end(table)
         put_leased(table, lease, "k2", MiB, 1)
 
 
-def test_a_stored_key_is_deduplicated_and_the_lease_stays(table):
+def test_a_stored_key_is_deduplicated_and_the_written_lease_given_back(table):
     commit(table, "k", size=MiB, checksum=5)
     [(lease, _)] = grant_leases(table, MiB, 1, 1, owner=0)
     assert put_leased(table, lease, "k", MiB, 5) is None
     assert table.counters["puts_deduplicated"] == 1
-    assert put_leased(table, lease, "other", MiB, 6) is not None  # still usable
-    table.commit_put_end("other")
+    # The client wrote the value into the lease before committing, and a write grant writes
+    # its bytes once (node/write_gate.py): the lease is spent, its space freed.
+    assert used(table) == MiB and not table._lease_keys
+    with pytest.raises(ObjectNotFoundError):
+        put_leased(table, lease, "other", MiB, 6)
 
 
 def test_refused_commits_leave_the_lease_and_nothing_visible(table):
@@ -107,3 +112,52 @@ def test_leases_hold_at_most_their_share_of_a_pool_and_give_way_to_puts(table):
     assert len(leases) == int(64 * LEASE_SHARE)  # 8 of the 64 MiB pool
     assert release_all(table) == len(leases) and used(table) == 0
     assert grant_leases(table, 128 * MiB, 1, 1, owner=0) == []  # no room: no lease, no error
+
+
+def test_leases_take_free_room_only_and_never_evict(table):
+    for i in range(62):  # 62 of the 64 MiB committed: 2 MiB free
+        commit(table, f"c/{i}")
+    evictions = table.counters["evictions"]
+    assert len(grant_leases(table, MiB, 1, 8, owner=0)) == 2  # the free room, no more
+    assert grant_leases(table, MiB, 1, 1, owner=0) == []  # full: no lease, no eviction
+    assert table.counters["evictions"] == evictions and table.object_count() == 62
+
+
+def test_leases_are_counted_apart_from_objects_and_puts_in_flight(table):
+    [seg] = table.segments()
+    commit(table, "stored")
+    table.put_start("writing", MiB, 1)
+    leases = grant_leases(table, 2 * MiB, 1, 2, owner=3)
+    assert (seg.leases, seg.leased_bytes) == (2, 4 * MiB)
+    assert seg.objects - seg.leases == 2  # "stored" and "writing"
+    assert table.object_count() == 1 and table.puts_in_flight() == 1
+    assert lease_usage(table.segments()) == (2, 4 * MiB)
+    meta = put_leased(table, leases[0][0], "leased", 2 * MiB, 9)  # a lease used: a put
+    assert meta is not None and (seg.leases, seg.leased_bytes) == (1, 2 * MiB)
+    assert table.puts_in_flight() == 1  # sealed ("writing" is still in flight)
+    table.commit_put_end("leased")
+    table.revoke_owner(3)
+    assert (seg.leases, seg.leased_bytes) == (0, 0) and table.object_count() == 2
+
+
+def test_a_lease_gets_every_replica_a_put_would_or_none(clock):
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock)
+    mount(t, "a", 1, 8 * MiB)
+    mount(t, "b", 2, 64 * MiB)
+    assert len(grant_leases(t, MiB, 2, 1, owner=0)[0][1].placements) == 2  # 1 of 8 MiB on "a"
+    # "a" holds its share of leases now (1/8): a lease on "b" alone would be a one-replica
+    # put where a plain put gets two; no lease then.
+    assert grant_leases(t, MiB, 2, 1, owner=0) == []
+    assert len(t.put_start("plain", MiB, 2).placements) == 2
+    t.validate()
+
+
+def test_a_put_without_free_room_can_refuse_to_evict_while_leases_hold_room(table):
+    for i in range(56):
+        commit(table, f"c/{i}")
+    assert len(grant_leases(table, MiB, 1, 8, owner=0)) == 8  # the last 8 MiB, as leases
+    with pytest.raises(NoSpaceError):  # the service gives the leases back, then retries
+        table.put_start("p", MiB, 1, evict=False)
+    assert release_all(table) == 8 and table.counters["evictions"] == 0
+    table.put_start("p", MiB, 1, evict=False)  # their room (no write fences in this table)
+    assert table.counters["evictions"] == 0
