@@ -20,10 +20,12 @@ thread, see sync_client.py).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 
 from mooncake_store.client.device import HostStaging, PinnedStaging
-from mooncake_store.client.leases import LeasePool
+from mooncake_store.client.leases import LeasePool, leased_put_call
 from mooncake_store.client.master_client import MasterClient
 from mooncake_store.client.metadata import MetadataFlows
 from mooncake_store.client.ranges import RangeFlows
@@ -36,6 +38,9 @@ from mooncake_store.common.tls import TlsConfig
 
 DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_MAX_VALUE_BYTES = 1 << 30
+RELEASE_WAIT_S = 1.0  # a closing gRPC client gives its unused leases back within this
+
+log = logging.getLogger("mooncake.client")
 
 
 class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
@@ -58,7 +63,7 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
-        leases: bool = False,
+        leases: bool = True,
         token: str | None = None,
     ) -> None:
         if replicas is not None and replicas < 1:
@@ -128,9 +133,23 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
                 seen.setdefault(loc.segment_id, loc)
         return list(seen.values())
 
+    @staticmethod
+    async def _release_leases(master: MasterClient, held: list[str]) -> None:
+        """Give unused leases back as the client closes, best effort.  Only over gRPC: a
+        framed connection's close ends them on the master at once, while gRPC tells the master
+        of no closed connection (it finds them within a second, master/grpc_owners.py, but not
+        while another client of this process shares the connection)."""
+        try:
+            await asyncio.wait_for(master.run(leased_put_call([], [], held)), RELEASE_WAIT_S)
+        except Exception as exc:  # the master ends them with their put timeout anyway
+            log.info("could not give back %d leases as the client closed: %r", len(held), exc)
+
     async def close(self) -> None:
         """Close the master client (on its loop) and unmap the pools."""
         if self._master is not None:
+            held = self._leases.drain() if self._leases is not None else []
+            if held and not self._master.framed_wanted:
+                await self._release_leases(self._master, held)
             await self._master.close()
             self._master = None
         self.shm.close()

@@ -125,6 +125,15 @@ class LeasePool:
             out, self._stale = self._stale, []
         return out
 
+    def drain(self) -> list[str]:
+        """Every held lease id (to give back as the client closes)."""
+        with self._lock:
+            ids = [lease.lease_id for held in self._held.values() for lease in held]
+            self._held.clear()
+            ids += self._stale
+            self._stale = []
+        return ids
+
     @staticmethod
     def _cap(cls: tuple[int, int]) -> int:
         return max(1, min(MAX_LEASES_PER_CLASS, MAX_LEASED_BYTES // max(1, cls[0])))

@@ -22,7 +22,7 @@ from mooncake_store.master.service_base import _OK, ServicerBase, _location, _st
 
 log = logging.getLogger("mooncake.master")
 
-LEASE_FENCE_WAIT_S = 1.0  # a put waits this long at most for released leases' room
+LEASE_FENCE_WAIT_S = 3.0  # a put waits this long at most for released leases' room
 
 
 class PutMethods(ServicerBase):

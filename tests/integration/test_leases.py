@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from mooncake_store import AsyncClient, Client
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
-from tests.conftest import FAST_MASTER
+from tests.conftest import FAST_MASTER, wait_until
 
 MiB = 1 << 20
 
@@ -48,7 +50,14 @@ def test_steady_puts_are_one_master_call(cluster, local_shm):
         assert store.counters["framed_calls"] == calls + 2
         everything = {**values, **batch[0], **batch[1], **batch[2]}
         assert store.get_many(list(everything)) == list(everything.values())
-        assert store.put(next(iter(values)), values[next(iter(values))]).deduplicated
+        first = next(iter(values))
+        leased = store.counters["leased_puts"]
+        assert store.put(first, values[first]).deduplicated  # leased: its written lease ends
+        again = os.urandom(len(values[first]))
+        store.remove(first)  # remove, then put the same key: as without leases
+        assert not store.put(first, again).deduplicated
+        assert store.get(first) == again
+        assert store.counters["leased_puts"] == leased + 1  # a fresh lease, written once
 
 
 def test_async_client_leases_too(cluster):
@@ -78,3 +87,88 @@ def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):
             again = os.urandom(MiB)
             store.put("after-2", again)  # the retry's PutEnd brought a fresh lease
             assert store.counters["leased_puts"] == 1 and store.get("after-2") == again
+
+
+def _pool_used(store: Client) -> int:
+    """Bytes allocated in the pools: objects, puts in flight, leases and frees not done yet."""
+    stats = store.stats()
+    return stats.used_bytes + stats.leased_bytes
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_leases_are_reported_apart_and_end_with_their_client(cluster, framed):
+    """Unused leases are no objects, no puts in flight and no bytes used by objects; a client
+    that disconnects has them ended (framed: as it closes; gRPC: by the master's check of
+    closed connections) and their room is free again."""
+    with Client(cluster.master_address) as observer:
+        before = observer.stats()
+        [node_before] = observer.list_nodes()
+        with Client(cluster.master_address, framed=framed) as store:
+            value = os.urandom(MiB)
+            store.put(f"apart/{framed}", value)  # its PutEnd brings a lease for the next MiB
+            stats = observer.stats()
+            assert (stats.leases, stats.leased_bytes) == (before.leases + 1, MiB)
+            assert stats.objects == before.objects + 1 and stats.processing == 0
+            assert stats.used_bytes == before.used_bytes + MiB  # the object's MiB only
+            [node] = observer.list_nodes()
+            assert node.objects == node_before.objects + 1
+            assert (node.leases, node.leased_bytes) == (1, MiB)
+            assert node.used_bytes == node_before.used_bytes + MiB
+            keys = observer.list_keys(prefix="apart/")[0]
+            assert [k.key for k in keys] == [f"apart/{framed}"]  # a lease is no key
+        wait_until(lambda: observer.stats().leases == 0, timeout_s=10,
+                   what="the closed client's leases to end")  # fmt: skip
+        wait_until(lambda: _pool_used(observer) == before.used_bytes + MiB, timeout_s=10,
+                   what="the leased room to be free again")  # fmt: skip
+        observer.remove(f"apart/{framed}")
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_a_client_that_dies_has_its_leases_reclaimed(cluster, framed):
+    """Killed, a client gives nothing back: the master ends its leases as its connection
+    drops (framed: at once; gRPC: the master's check of closed connections)."""
+    script = (
+        "import os, signal, sys\n"
+        "from mooncake_store import Client\n"
+        "store = Client(sys.argv[1], framed=sys.argv[2] == 'framed').connect()\n"
+        "store.put('died/0', os.urandom(1 << 20))\n"
+        "print('put', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    with Client(cluster.master_address) as observer:
+        before = observer.stats()
+        how = "framed" if framed else "grpc"
+        proc = subprocess.run([sys.executable, "-c", script, cluster.master_address, how],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == -signal.SIGKILL and proc.stdout == "put\n", proc.stderr
+        wait_until(lambda: observer.stats().leases == before.leases, timeout_s=10,
+                   what="the dead client's lease to end")  # fmt: skip
+        wait_until(lambda: _pool_used(observer) == before.used_bytes + MiB, timeout_s=10,
+                   what="its room to be free again")  # fmt: skip
+        assert len(observer.get("died/0")) == MiB  # what it committed stays
+        observer.remove("died/0")
+
+
+def test_leases_give_way_to_puts_when_the_pool_is_tight(tmp_path):
+    """A client holding leases never costs another client's put its room: the other fills the
+    pool exactly, evicting nothing and never refused (as it would without leases)."""
+    with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as c:
+        with (
+            Client(c.master_address) as holder,
+            Client(c.master_address, leases=False) as other,
+        ):
+            for b in range(2):  # the second batch is leased and asks for the next ones
+                holder.put_many({f"held/{b}/{i}": os.urandom(MiB // 2) for i in range(4)})
+            stats = other.stats()
+            assert stats.leases == 4 and stats.leased_bytes == 2 * MiB  # 1/8 of the pool
+            room = stats.capacity_bytes - stats.used_bytes  # leased room counts as free
+            values = {f"other/{i}": os.urandom(MiB // 2) for i in range(room // (MiB // 2))}
+            for key, value in values.items():  # two-phase puts, one by one
+                other.put(key, value)
+            stats = other.stats()
+            assert stats.counters["evictions"] == 0 and stats.leases == 0
+            assert other.get_many(list(values)) == list(values.values())
+            assert stats.used_bytes == stats.capacity_bytes  # exactly full
+            value = os.urandom(MiB // 2)
+            holder.put("held/after", value)  # its leases are gone: two-phase, evicting
+            assert holder.get("held/after") == value
