@@ -152,7 +152,7 @@ def bench_store(
     *,
     local_shm: bool,
     tls: TlsConfig | None = None,
-    leases: bool = False,
+    leases: bool = True,
     system: str | None = None,
 ) -> dict:
     system = system or (

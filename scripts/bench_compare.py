@@ -3,7 +3,9 @@
 
 For each block size in turn (interleaved, so every system sees the same machine state) it
 measures:
-  ours-shm       put_from/get_into through a node's shared memory (client on the same host)
+  ours-shm       put_from/get_into through a node's shared memory (client on the same host),
+                 default client: it holds allocation leases, so a steady put is one master
+                 round trip (BatchLeasedPut)
   ours-tcp       the same over the TCP data path
   memcpy, tcp    the physical limits (numpy copy between DRAM buffers; raw loopback TCP)
   mooncake-shm   Mooncake Store, dummy client -> real client over shared memory (put_from/get_into)
@@ -11,8 +13,10 @@ measures:
   redis          redis-server with redis-py + hiredis (SET/GET)
   memcpy-cold    numpy copy whose source and destination each rotate through 256 MiB
 and, when asked for (not by default):
-  ours-shm-lease, ours-tcp-lease   ours with allocation leases (Client(leases=True)): a steady
-                 put is one master round trip
+  ours-shm-lease, ours-tcp-lease   ours with leases asked for explicitly (Client(leases=True):
+                 the same client as the default, to show that default == leased)
+  ours-shm-2phase, ours-tcp-2phase ours with Client(leases=False): every put two master round
+                 trips (PutStart, PutEnd)
   ours-shm-sync, ours-tcp-sync     ours against a second master run with --sync-commits (an
                  fsync per group commit; the default mode fsyncs in the background)
 Ours are measured here (one Client per thread); the peers run through the peer harness in
@@ -56,9 +60,10 @@ from mooncake_store.common.units import parse_size  # noqa: E402
 
 ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp",
        "memcpy-cold"]  # fmt: skip
-LEASE = ["ours-shm-lease", "ours-tcp-lease"]  # opt-in
+LEASE = ["ours-shm-lease", "ours-tcp-lease"]  # opt-in (leases are the default already)
+TWO_PHASE = ["ours-shm-2phase", "ours-tcp-2phase"]  # opt-in: Client(leases=False)
 SYNC = ["ours-shm-sync", "ours-tcp-sync"]  # opt-in
-KNOWN = ALL + LEASE + SYNC
+KNOWN = ALL + LEASE + TWO_PHASE + SYNC
 PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
          "redis": ("redis", None)}  # fmt: skip
 HARNESS = ROOT / "scripts" / "peers" / "bench_peers.py"  # see scripts/peers/README.md
@@ -70,7 +75,7 @@ def ours(
 ) -> dict:
     """Our store with `threads` client threads sharing one Client (as the peers' harness shares
     one Mooncake client), each with its own buffers and keys; every phase starts together."""
-    leases = system.endswith("-lease")
+    leases = not system.endswith("-2phase")  # "-lease" and plain: the default, leased
     if threads == 1:
         return bench.bench_store(master, size, count, max_s, local_shm=shm, leases=leases,
                                  system=system)  # fmt: skip
@@ -170,6 +175,7 @@ def table(records: list[dict]) -> str:
     pairs = {"mooncake-shm": "ours-shm", "mooncake-tcp": "ours-tcp", "redis": "ours-shm",
              "memcpy": "ours-shm", "tcp": "ours-tcp", "memcpy-cold": "ours-shm"}  # fmt: skip
     peer_of = {"ours-shm-lease": "mooncake-shm", "ours-tcp-lease": "mooncake-tcp",
+               "ours-shm-2phase": "mooncake-shm", "ours-tcp-2phase": "mooncake-tcp",
                "ours-shm-sync": "mooncake-shm", "ours-tcp-sync": "mooncake-tcp"}  # fmt: skip
     for r in sorted(
         records, key=lambda r: (r["size_bytes"], r["threads"], KNOWN.index(r["system"]))
@@ -251,7 +257,7 @@ def main() -> None:
                 LocalCluster(f"{tmp}/sync", nodes=1, dram=dram, master_args=["--lease-ttl", "1s"])
             )
             ours_systems = [(s, s.startswith("ours-shm"), cluster)
-                            for s in ("ours-shm", "ours-tcp", *LEASE)]  # fmt: skip
+                            for s in ("ours-shm", "ours-tcp", *LEASE, *TWO_PHASE)]  # fmt: skip
             if any(s in systems for s in SYNC):
                 synced = stack.enter_context(
                     LocalCluster(f"{tmp}/synced", nodes=1, dram=dram,
