@@ -17,7 +17,8 @@ Leases never cost anyone else space:
   puts are two-phase until it has free room again).
 - A plain put that finds no free room gives every unused lease back first (`release_all`), and
   the master service waits for the nodes to fence their write grants so that the put gets that
-  room (service_puts.py); only then does it evict, or fail with NoSpaceError.
+  room (service_puts.py); only then does it evict, or fail with NoSpaceError.  No lease is
+  granted for `REFUSED_AFTER_RELEASE_S` after that, so the room goes to the put.
 - Reports count unused leases on their own (`Segment.leases` / `leased_bytes`, `lease_usage`):
   never as objects, replicas, puts in flight or bytes used by objects.
 
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 LEASE_PREFIX = "\x00lease\x00"
 MAX_LEASES_PER_CALL = 64
 LEASE_SHARE = 1 / 8  # of a pool, at most, held by unused leases (all clients together)
+REFUSED_AFTER_RELEASE_S = 2.0  # after leases gave their room to a put, none for this long
 
 
 def is_lease(key: str) -> bool:
@@ -71,6 +73,8 @@ def grant_leases(
         return seg.leased_bytes + extent <= seg.allocator.capacity_bytes * LEASE_SHARE
 
     out: list[tuple[str, PutStartOutcome]] = []
+    if table._clock() < table._leases_refused_until:  # the pool is tight: its room is for puts
+        return out
     for _ in range(max(0, min(count, MAX_LEASES_PER_CALL))):
         key = f"{LEASE_PREFIX}{owner:x}\x00{os.urandom(16).hex()}"
         try:
@@ -161,8 +165,11 @@ def release_lease(table: ObjectTable, lease: str) -> bool:
 
 
 def release_all(table: ObjectTable) -> int:
-    """Give back every unused lease (a put found no free room: leases must never cost one)."""
+    """Give back every unused lease (a put found no free room: leases must never cost one),
+    and grant none for `REFUSED_AFTER_RELEASE_S` (the room freed is the put's, and a pool that
+    tight would only take them back again)."""
     released = sum(release_lease(table, key) for key in list(table._lease_keys))
+    table._leases_refused_until = table._clock() + REFUSED_AFTER_RELEASE_S
     table.counters["leases_released_for_room"] = (
         table.counters.get("leases_released_for_room", 0) + released
     )

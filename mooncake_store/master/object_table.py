@@ -121,6 +121,7 @@ class ObjectTable(ObjectReads):
         self._fence_writes = fence_writes
         self.fences = WriteFences()
         self._lease_keys: set[str] = set()  # pending puts that are allocation leases (leases.py)
+        self._leases_refused_until = 0.0  # a put needed their room: none granted until then
         self._fingerprints: dict[bytes, bytes] = {}
         # (free at, segment generation, segment, offset, size): frees that wait for a lease
         self._deferred: list[tuple[float, int, int, int, int]] = []

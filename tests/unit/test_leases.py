@@ -13,6 +13,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.master.leases import (
     LEASE_SHARE,
+    REFUSED_AFTER_RELEASE_S,
     grant_leases,
     lease_usage,
     put_leased,
@@ -152,12 +153,15 @@ def test_a_lease_gets_every_replica_a_put_would_or_none(clock):
     t.validate()
 
 
-def test_a_put_without_free_room_can_refuse_to_evict_while_leases_hold_room(table):
+def test_a_put_without_free_room_can_refuse_to_evict_while_leases_hold_room(table, clock):
     for i in range(56):
         commit(table, f"c/{i}")
     assert len(grant_leases(table, MiB, 1, 8, owner=0)) == 8  # the last 8 MiB, as leases
     with pytest.raises(NoSpaceError):  # the service gives the leases back, then retries
         table.put_start("p", MiB, 1, evict=False)
     assert release_all(table) == 8 and table.counters["evictions"] == 0
+    assert grant_leases(table, MiB, 1, 1, owner=0) == []  # the room freed is the put's
     table.put_start("p", MiB, 1, evict=False)  # their room (no write fences in this table)
     assert table.counters["evictions"] == 0
+    clock.now += REFUSED_AFTER_RELEASE_S
+    assert len(grant_leases(table, MiB, 1, 1, owner=0)) == 1  # free room again: leases again
