@@ -18,7 +18,7 @@ reads), then for each size measures one client thread, median of --repeat, GB/s:
 Prints a table, writes JSON records (`--json`).  Without a GPU (or cupy) it says so and exits 0.
 
     python scripts/bench_gpu.py [--sizes 1M,4M,16M,64M] [--repeat 20] [--json OUT.json]
-        [--leases] [--no-tier]
+        [--no-leases] [--no-tier]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from mooncake_store.cluster import LocalCluster  # noqa: E402
 from mooncake_store.common.gpu import gpu_count  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
-LEASES = False  # --leases: Client(leases=True), a steady put is one master round trip
+LEASES = True  # the client's default (a steady put is one master round trip); --no-leases: off
 COLUMNS = ["get_into(cupy) gpu", "get_into(cupy) cpu", "get_into(numpy)", "put_from(cupy) gpu",
            "put_from(cupy) cpu", "put_from(numpy)", "tcp get_into(cupy)", "gpu-tier get(cupy)",
            "pinned H2D", "pinned D2H", "pageable H2D", "pageable D2H"]  # fmt: skip
@@ -192,7 +192,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-tier", action="store_true", help="skip the GPU-tier reads")
-    parser.add_argument("--leases", action="store_true", help="clients hold allocation leases")
+    parser.add_argument(
+        "--leases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="clients hold allocation leases (the default; --no-leases: two-phase)",
+    )
     args = parser.parse_args()
     global LEASES
     LEASES = args.leases
