@@ -94,5 +94,9 @@ class WriteFences:
             if h.segment_generation == seg.generation
         ]
 
+    def held_bytes_in(self, segment_id: int) -> int:
+        """Bytes of the frees held in `segment_id` (freed by the next fence its node takes)."""
+        return sum(h.size_bytes for h in self._held.get(segment_id, ()))
+
     def held_bytes(self) -> int:
         return sum(h.size_bytes for held in self._held.values() for h in held)

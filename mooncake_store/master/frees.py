@@ -116,6 +116,11 @@ class ExtentFrees(ReplicaRelocation):
         out, self._released = self._released, {}
         return out
 
+    def room_after_fence(self) -> int:
+        """Bytes that the nodes' next write fence frees in the segments offered to puts (the
+        extents of puts that ended without a commit, held until then)."""
+        return sum(self.fences.held_bytes_in(segment_id) for segment_id in self._offered)
+
     def take_fences(self) -> list[tuple[Segment, int, frozenset[int]]]:
         """The write fence of every DRAM segment, when a put ended since the last call: (the
         segment, floor, open generations).  Send each to its node, then `fence_acked`."""

@@ -17,7 +17,8 @@ Leases never cost anyone else space:
   puts are two-phase until it has free room again).
 - A plain put that finds no free room gives every unused lease back first (`release_all`), and
   the master service waits for the nodes to fence their write grants so that the put gets that
-  room (service_puts.py); only then does it evict, or fail with NoSpaceError.  No lease is
+  room (service_puts.py `_put_starts`; likewise for the room of leases whose client closed);
+  only then does it evict, or fail with NoSpaceError.  No lease is
   granted for `REFUSED_AFTER_RELEASE_S` after that, so the room goes to the put.
 - Reports count unused leases on their own (`Segment.leases` / `leased_bytes`, `lease_usage`):
   never as objects, replicas, puts in flight or bytes used by objects.

@@ -76,8 +76,10 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.verify_extents: Verifier | None = None
         self.recent_checks = RecentChecks()  # keys whose replicas checked out lately
         #: Pushes the write fences now and waits for the nodes (set by the server); a put
-        #: that gave unused leases back waits for it to get their room (service_puts.py).
+        #: that finds no free room while some is about to be freed (unused leases, extents
+        #: of puts that ended uncommitted) waits for it before evicting (service_puts.py).
         self.fence_now: Callable[[], Awaitable[None]] | None = None
+        self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:

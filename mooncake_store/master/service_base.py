@@ -92,6 +92,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     recent_checks: RecentChecks  # keys whose replicas checked out lately
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
+    _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then
     _committing: dict[str, asyncio.Future[None]]  # key -> its commit's outcome
 
     async def persist_dirty(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
@@ -22,7 +23,8 @@ from mooncake_store.master.service_base import _OK, ServicerBase, _location, _st
 
 log = logging.getLogger("mooncake.master")
 
-LEASE_FENCE_WAIT_S = 3.0  # a put waits this long at most for released leases' room
+FENCE_WAIT_S = 3.0  # a put waits this long at most for the room a write fence frees
+FENCE_WAITS_OFF_S = 10.0  # after a fence not taken in time, puts do not wait for this long
 
 
 class PutMethods(ServicerBase):
@@ -66,43 +68,53 @@ class PutMethods(ServicerBase):
     async def _put_starts(
         self, items: list[pb.PutStartItem], owner: int
     ) -> list[pb.PutStartResult]:
-        """put_start of each item.  Unused allocation leases give way to puts (leases.py): while
-        some are held, a put takes free room only; one that finds none gives every lease back
-        and, once the nodes fenced their write grants (their space is free then), starts again
-        the usual way (evicting, or NoSpaceError)."""
-        released = False
+        """put_start of each item.  Room that is about to be free goes to puts before any block
+        is evicted: unused allocation leases (leases.py) and the extents of puts that ended
+        without a commit, which wait for the nodes' next write fence (fences.py).  While there
+        is some, a put takes free room only; one that finds none gives every lease back and,
+        once the nodes took a fence (that room is free then), starts again the usual way
+        (evicting, or NoSpaceError)."""
+        if not self._room_coming():
+            return await each(items, lambda i: self._put_start(i, owner))
         waiting: list[int] = []
 
         def start(n: int, item: pb.PutStartItem) -> pb.PutStartResult:
-            nonlocal released
-            if released or self.table._lease_keys:
-                try:
-                    return self._put_start(item, owner, self._put_start_once(item, owner, False))
-                except NoSpaceError:
-                    released = bool(release_all(self.table)) or released
-                    if released:
-                        waiting.append(n)
-                        return pb.PutStartResult()  # replaced below
-                except MooncakeError as exc:
-                    return pb.PutStartResult(status=_status(exc))
-            return self._put_start(item, owner)
+            try:
+                outcome = self._put_start_once(item, owner, evict=False)
+            except NoSpaceError:
+                release_all(self.table)
+                waiting.append(n)
+                return pb.PutStartResult()  # replaced below
+            except MooncakeError as exc:
+                return pb.PutStartResult(status=_status(exc))
+            return self._put_start(item, owner, outcome)
 
         results = await each(list(enumerate(items)), lambda pair: start(*pair))
         if waiting:
-            await self._fence_released_leases()
+            await self._wait_for_fence()
             for n in waiting:
                 results[n] = self._put_start(items[n], owner)
         return results
 
-    async def _fence_released_leases(self) -> None:
-        """Wait (a moment at most) for the nodes to fence the write grants of released leases:
-        their extents are free from then on (master/fences.py)."""
+    def _room_coming(self) -> bool:
+        """Unused leases, or frees waiting for a write fence in segments offered to puts (and
+        the nodes answered the last fence a put waited for in time)."""
+        if self.fence_now is None or time.monotonic() < self._fence_waits_off_until:
+            return False
+        return bool(self.table._lease_keys) or self.table.room_after_fence() > 0
+
+    async def _wait_for_fence(self) -> None:
+        """Wait (a moment at most) for the nodes to take a write fence: the extents of released
+        leases and of puts that ended uncommitted are free from then on (master/fences.py).
+        When they do not answer in time, puts stop waiting for a while and evict instead."""
         if self.fence_now is None:
             return
         try:
-            await asyncio.wait_for(self.fence_now(), timeout=LEASE_FENCE_WAIT_S)
+            await asyncio.wait_for(self.fence_now(), timeout=FENCE_WAIT_S)
         except Exception as exc:  # a node slow to answer: the put evicts instead
-            log.info("released leases not fenced in time (%r): the put may evict", exc)
+            self._fence_waits_off_until = time.monotonic() + FENCE_WAITS_OFF_S
+            log.warning("write fences not taken in %.0fs (%r): puts evict meanwhile",
+                        FENCE_WAIT_S, exc)  # fmt: skip
 
     def _put_start_once(
         self, item: pb.PutStartItem, owner: int, evict: bool = True
