@@ -102,6 +102,7 @@ def test_leases_are_reported_apart_and_end_with_their_client(cluster, framed):
     closed connections) and their room is free again."""
     with Client(cluster.master_address) as observer:
         before = observer.stats()
+        pool_before = _pool_used(observer)  # (frees of earlier tests may still be on their way)
         [node_before] = observer.list_nodes()
         with Client(cluster.master_address, framed=framed) as store:
             value = os.urandom(MiB)
@@ -118,7 +119,7 @@ def test_leases_are_reported_apart_and_end_with_their_client(cluster, framed):
             assert [k.key for k in keys] == [f"apart/{framed}"]  # a lease is no key
         wait_until(lambda: observer.stats().leases == 0, timeout_s=10,
                    what="the closed client's leases to end")  # fmt: skip
-        wait_until(lambda: _pool_used(observer) == before.used_bytes + MiB, timeout_s=10,
+        wait_until(lambda: _pool_used(observer) <= pool_before + MiB, timeout_s=10,
                    what="the leased room to be free again")  # fmt: skip
         observer.remove(f"apart/{framed}")
 
@@ -137,13 +138,14 @@ def test_a_client_that_dies_has_its_leases_reclaimed(cluster, framed):
     )
     with Client(cluster.master_address) as observer:
         before = observer.stats()
+        pool_before = _pool_used(observer)
         how = "framed" if framed else "grpc"
         proc = subprocess.run([sys.executable, "-c", script, cluster.master_address, how],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert proc.returncode == -signal.SIGKILL and proc.stdout == "put\n", proc.stderr
         wait_until(lambda: observer.stats().leases == before.leases, timeout_s=10,
                    what="the dead client's lease to end")  # fmt: skip
-        wait_until(lambda: _pool_used(observer) == before.used_bytes + MiB, timeout_s=10,
+        wait_until(lambda: _pool_used(observer) <= pool_before + MiB, timeout_s=10,
                    what="its room to be free again")  # fmt: skip
         assert len(observer.get("died/0")) == MiB  # what it committed stays
         observer.remove("died/0")
