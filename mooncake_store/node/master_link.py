@@ -116,7 +116,9 @@ class MasterLink:
         return [*self._metadata, (SIGNATURE_METADATA, signature)]
 
     def _open(self, address: str) -> grpc.Channel:
-        options = message_options(self._max_message_bytes)
+        # Its own connection: gRPC shares one between channels of a process with the same
+        # target and options (store nodes run in one process in tests: cluster_inprocess.py).
+        options = [*message_options(self._max_message_bytes), ("grpc.use_local_subchannel_pool", 1)]
         if self._tls.serves:  # a node with TLS talks TLS to its master, presenting its cert
             return grpc.secure_channel(address, self._tls.grpc_channel_credentials(), options)
         return grpc.insecure_channel(address, options=options)

@@ -15,6 +15,7 @@ import pytest
 from mooncake_store import AsyncClient, Client
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.master.grpc_owners import read_established
 from tests.conftest import FAST_MASTER, wait_until
 
 
@@ -36,6 +37,9 @@ def test_puts_and_gets_take_the_real_shared_memory_and_tcp_paths(tmp_path):
     with InProcessCluster(tmp_path, nodes=2, dram="16MiB", master_args=FAST_MASTER) as cluster:
         assert cluster.master is not None
         assert cluster.master.server.config.heartbeat_interval_s == pytest.approx(0.2)
+        # Each node's link is a connection of its own, as from separate processes.
+        wait_until(lambda: len(read_established(cluster.master_port) or ()) == 2,
+                   what="one connection per node link")  # fmt: skip
         with Client(cluster.master_address, replicas=2) as store:
             store.put("shared", value)
             assert store.get("shared") == value
