@@ -165,7 +165,9 @@ def bench_store(
         store.get_into("warmup", warm)
         store.remove("warmup")
         put, get, verify = stamped_ops(store, size, keys)
+        calls = store.counters["framed_calls"] + store.counters["grpc_calls"]
         put_s, put_wall = timed(count, max_s, put)
+        calls = store.counters["framed_calls"] + store.counters["grpc_calls"] - calls
         written = keys[: len(put_s)]
         get_s, get_wall = timed(len(written), max_s, get)
         for i in range(0, len(written), max(1, len(written) // 8)):
@@ -173,7 +175,9 @@ def bench_store(
         release(store, written)
         path_used = store.counters["shm_reads" if local_shm else "tcp_reads"]
         assert path_used >= len(get_s), "the benchmark did not use the intended data path"
-    return record(system, size, put_s, get_s, put_wall, get_wall)
+    out = record(system, size, put_s, get_s, put_wall, get_wall)
+    out["master_calls_per_put"] = round(calls / max(1, len(put_s)), 3)  # 1: leased, 2: two-phase
+    return out
 
 
 def bench_batch(

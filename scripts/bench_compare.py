@@ -191,6 +191,8 @@ def table(records: list[dict]) -> str:
         if peer is not None and peer["put_gbps"] and peer["get_gbps"]:
             ratio = (f"vs {peer['system']}: {r['put_gbps'] / peer['put_gbps']:.2f}x, "
                      f"{r['get_gbps'] / peer['get_gbps']:.2f}x")  # fmt: skip
+        if "master_calls_per_put" in r:  # ours, one thread: 1.0 leased, 2.0 two-phase
+            ratio = f"{r['master_calls_per_put']:.2f} master calls/put  {ratio}"
         lines.append(f"{label:>5} {r['threads']:>3} {r['system']:<16} {r['put_gbps']:>9.2f} "
                      f"{r['get_gbps']:>9.2f} {r['put_p50_us']:>9.0f} {r['get_p50_us']:>9.0f}  "
                      f"{ratio}")  # fmt: skip
