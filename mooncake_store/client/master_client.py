@@ -128,7 +128,13 @@ class MasterClient:
         self.tls = tls
         #: The client TLS context of the framed endpoint (None: plaintext).
         self.ssl_context = tls.client_context() if tls.enabled else None
-        options = message_options(DEFAULT_MAX_MESSAGE_BYTES)
+        # A connection of its own (gRPC shares one between equal channels of a process by
+        # default): the master revokes a client's pending puts when its connection closes
+        # (master/grpc_owners.py), which a connection still used by another client never does.
+        options = [
+            *message_options(DEFAULT_MAX_MESSAGE_BYTES),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
         if tls.enabled:
             self._channel = grpc.aio.secure_channel(
                 address, tls.grpc_channel_credentials(), options=options
