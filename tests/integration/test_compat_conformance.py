@@ -258,3 +258,26 @@ def test_setup_forms_and_failures(cluster):
     assert dummy.get("c/dict") == b"d" and dummy.get_hostname() == ""
     assert dummy.close() == 0
     assert MooncakeDistributedStore().setup("h", "", "lots", 0) == INVALID  # a bad size
+
+
+def test_setup_takes_the_leases_option(cluster):
+    """Allocation leases are on by default (a put's commit brings space for the next put of
+    its size); config key "leases" (or setup(..., leases=False)) turns them off."""
+    from mooncake_store import Client
+    from tests.conftest import wait_until
+
+    config = {"local_hostname": "127.0.0.1", "global_segment_size": "0", "protocol": "tcp",
+              "master_server_address": cluster.master_address}  # fmt: skip
+    with Client(cluster.master_address, leases=False) as observer:
+        before = observer.stats().leases
+        off = MooncakeDistributedStore()
+        assert off.setup({**config, "leases": False}) == 0
+        assert off.put("c/no-lease", b"n" * 5000) == 0
+        assert observer.stats().leases == before
+        on = MooncakeDistributedStore()
+        assert on.setup(config) == 0
+        assert on.put("c/lease", b"l" * 5000) == 0
+        assert observer.stats().leases == before + 1
+        assert off.close() == 0 and on.close() == 0
+        wait_until(lambda: observer.stats().leases == before, timeout_s=10,
+                   what="the closed store's lease to end")  # fmt: skip

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mooncake_store import AsyncClient, Client
@@ -60,14 +61,32 @@ def test_steady_puts_are_one_master_call(cluster, local_shm):
         assert store.counters["leased_puts"] == leased + 1  # a fresh lease, written once
 
 
-def test_async_client_leases_too(cluster):
+@pytest.mark.parametrize("local_shm", [True, False])
+def test_async_client_leases_by_default(cluster, local_shm):
+    """AsyncClient without options: put, put_from and put_many are one master call each once
+    warm, as in the sync Client."""
+
     async def run() -> None:
-        async with AsyncClient(cluster.master_address, leases=True) as store:
+        async with AsyncClient(cluster.master_address, local_shm=local_shm) as store:
+            tag = f"async-lease/{local_shm}"
             for i in range(4):
-                await store.put(f"async-lease/{i}", bytes([i]) * 70_000)
+                await store.put(f"{tag}/{i}", bytes([i]) * 70_000)
             assert store.counters["leased_puts"] == 3
-            got = await store.get_many([f"async-lease/{i}" for i in range(4)])
+            got = await store.get_many([f"{tag}/{i}" for i in range(4)])
             assert got == [bytes([i]) * 70_000 for i in range(4)]
+            calls = store.counters["framed_calls"]
+            array = np.arange(70_000, dtype=np.uint8)
+            await store.put_from(f"{tag}/from", array)  # same size: a lease is held
+            assert store.counters["framed_calls"] == calls + 1
+            batch = {f"{tag}/many/{b}/{i}": os.urandom(4096) for b in range(2) for i in range(4)}
+            items = list(batch.items())
+            await store.put_many(dict(items[:4]))  # a new size: two-phase, brings 4 leases
+            calls = store.counters["framed_calls"]
+            await store.put_many(dict(items[4:]))
+            assert store.counters["framed_calls"] == calls + 1
+            assert store.counters["leased_puts"] == 3 + 1 + 4
+            assert await store.get_many(list(batch)) == list(batch.values())
+            assert await store.get(f"{tag}/from") == array.tobytes()
 
     asyncio.run(run())
 
