@@ -37,7 +37,7 @@ from mooncake_store.common.wire import (
 )
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
-from mooncake_store.node.write_gate import PendingWrite, WriteGate
+from mooncake_store.node.write_gate import CUT_OFF, PendingWrite, WriteGate
 
 log = logging.getLogger("mooncake.node")
 
@@ -152,7 +152,22 @@ class _Connection(asyncio.BufferedProtocol):
             self._write = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        write = self._write
+        if write is not None and self.access.gate.ended(write.segment_id, write.generation):
+            self._cut_off(write)
         return self._target[self._filled :]
+
+    def _cut_off(self, write: PendingWrite) -> None:
+        """A fence ended this WRITE's grant while its payload was landing.  The master gives
+        the extent to another put once the node answered that fence, so not one more byte
+        of the payload goes into the pool (every recv asks `get_buffer` first, on the loop
+        that takes fences): the rest is read and discarded, and the WRITE refused."""
+        self.access.abandon_write(write)
+        self._write = None
+        self.access.denied += 1
+        self._reply(AccessDeniedError.code, CUT_OFF.encode())
+        self._drain_left = len(self._target) - self._filled
+        self._drain()
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes

@@ -21,6 +21,7 @@ from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import (
     OK,
+    AccessDeniedError,
     ChecksumMismatchError,
     DataPathError,
     InvalidArgumentError,
@@ -29,6 +30,7 @@ from mooncake_store.common.errors import (
 from mooncake_store.common.grant import GrantMode
 from mooncake_store.node.data_server import DataAccess
 from mooncake_store.node.nvme import aligned
+from mooncake_store.node.write_gate import CUT_OFF
 
 CHUNK_BYTES = 1 << 20  # per ReadChunk: well inside gRPC's default 4 MiB message cap
 
@@ -72,6 +74,10 @@ class DataServicer(pb_grpc.DataServiceServicer):
                 data = chunk.data
                 if received + len(data) > size:
                     raise DataPathError(f"more than size_bytes ({size}) bytes in the stream")
+                assert write is not None
+                if self.access.gate.ended(write.segment_id, write.generation):
+                    self.access.denied += 1  # a fence ended it meanwhile: its extent may be
+                    raise AccessDeniedError(CUT_OFF)  # another put's (node/write_gate.py)
                 view[received : received + len(data)] = data
                 received += len(data)
             if view is None:

@@ -19,6 +19,11 @@ Two rules end a WRITE grant (common/grant.py) on the node, both checked before a
   before the mount and delivered after it can end generations, never reopen one.  A segment
   the node is (re)mounting is `closed` (refuses every write) until the mount reply arrives.
 
+A fence also ends the writes of its ended generations that are still being received: the
+master hands their extents to other puts as soon as the node has answered it, so the data paths
+ask `ended` again before each piece of a payload goes into the pool and cut such a write off
+(`CUT_OFF`: the rest is discarded, nothing is sealed).
+
 Bounds: a generation's seals are dropped once a fence ends it, or once the latest expiry of
 its grants has passed (an expired grant is refused anyway), so the node keeps seals only for
 puts that may still write: in steady state the writes of about one master tick; with no fence
@@ -49,6 +54,10 @@ RECEIVING = "these bytes are being written under this grant on another connectio
 ENDED = (
     "write grant ended: its put was committed, revoked or removed (or timed out, or the node "
     "was mounted again since); start a new put"
+)
+CUT_OFF = (
+    "write grant ended while its payload was being received (its put was revoked, timed out or "
+    "given up, or the node was mounted again): the rest was discarded; start a new put"
 )
 
 

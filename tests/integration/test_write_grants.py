@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import os
 import socket
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -19,6 +20,7 @@ import pytest
 from mooncake_store import Client
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.admin.ops import master_metadata
 from mooncake_store.client.master_client import MasterClient, put_end_call, put_revoke_call
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster_inprocess import InProcessCluster
@@ -242,3 +244,75 @@ def test_a_mount_reply_not_signed_by_the_master_reopens_no_grant(tmp_path):
         cluster.wait_for_nodes(1)
         with Client(cluster.master_address) as store:
             assert store.get("kept") == VALUE
+
+
+MiB = 1 << 20
+
+
+def fill_past_free_room(master: str) -> dict[str, bytes]:
+    """Another client's puts of 1 MiB into the 16 MiB pool until one finds no free room: the
+    master then takes back unused leases and puts whose grant ended, waits for the node's
+    write fence, and gives that extent to the put (each acknowledged: returned here)."""
+    stored = {}
+    with Client(master, leases=False) as other:
+        for i in range(15):
+            stored[f"cut/b{i}"] = value = os.urandom(MiB)
+            other.put(f"cut/b{i}", value)
+    return stored
+
+
+def test_a_tcp_write_still_landing_when_a_fence_ends_its_lease_is_cut_off(tmp_path):
+    """A write admitted under a lease is still receiving its payload (a slow client, a large
+    value) when another client's put takes the lease's room back.  The node answers the fence
+    at once and the extent goes to that put, so the rest of the payload must not land: it is
+    discarded and the write refused, and the block put there reads back intact (it was a
+    ChecksumMismatchError: an acknowledged block lost)."""
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        with Client(cluster.master_address, local_shm=False) as store:
+            store.put("cut/x0", os.urandom(MiB))  # two-phase; its PutEnd brings one lease
+            [held] = store._flows._leases._held.values()
+            lease = held.pop()  # written by hand below, not by the client
+            (loc,) = lease.locations
+            with connect(loc) as sock:
+                sock.sendall(pack_request(Op.WRITE, loc.grant, loc.offset, MiB))
+                sock.sendall(b"\xee" * (MiB // 2))  # admitted: half of it has landed
+                stored = fill_past_free_room(cluster.master_address)
+                sock.sendall(b"\xee" * (MiB // 2))
+                status, _, length = RESPONSE.unpack(sock.recv(RESPONSE.size, socket.MSG_WAITALL))
+                message = sock.recv(length, socket.MSG_WAITALL).decode()
+            assert status == AccessDeniedError.code, message
+            assert "while its payload was being received" in message
+        with Client(cluster.master_address) as reader:
+            assert reader.get_many(list(stored)) == list(stored.values())
+
+
+def test_a_grpc_write_still_landing_when_its_put_is_revoked_is_cut_off(tmp_path):
+    """The same over the gRPC data path, for a two-phase put revoked mid-stream: once the
+    node took the fence that ends the put, no further chunk of its stream lands."""
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        master = cluster.master_address
+        md = master_metadata(master)
+        gate = cluster.nodes[0].server.access.gate
+        with grpc.insecure_channel(master) as channel:  # one connection: the put's owner
+            stub = pb_grpc.MasterServiceStub(channel)
+            start = stub.PutStart(pb.PutStartItem(key="cut/g", size_bytes=MiB), metadata=md)
+            (loc,) = start.replicas
+            go_on = threading.Event()
+
+            def chunks() -> Iterator[pb.WriteChunk]:
+                yield pb.WriteChunk(grant=loc.grant, offset=loc.offset, size_bytes=MiB,
+                                    data=b"\xee" * (MiB // 2))  # fmt: skip
+                go_on.wait(30)
+                yield pb.WriteChunk(data=b"\xee" * (MiB // 2))
+
+            with grpc.insecure_channel(loc.grpc_endpoint) as node, \
+                    concurrent.futures.ThreadPoolExecutor(1) as pool:  # fmt: skip
+                sent = pool.submit(pb_grpc.DataServiceStub(node).Write, chunks())
+                wait_until(lambda: gate.generations() == 1, what="the write admitted")
+                assert stub.PutRevoke(pb.KeyRequest(key="cut/g"), metadata=md).code == OK
+                stored = fill_past_free_room(master)
+                go_on.set()
+                reply = sent.result(timeout=30)
+            assert reply.status.code == AccessDeniedError.code, reply.status
+        with Client(master) as reader:
+            assert reader.get_many(list(stored)) == list(stored.values())
