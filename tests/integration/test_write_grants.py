@@ -249,13 +249,13 @@ def test_a_mount_reply_not_signed_by_the_master_reopens_no_grant(tmp_path):
 MiB = 1 << 20
 
 
-def fill_past_free_room(master: str) -> dict[str, bytes]:
-    """Another client's puts of 1 MiB into the 16 MiB pool until one finds no free room: the
-    master then takes back unused leases and puts whose grant ended, waits for the node's
-    write fence, and gives that extent to the put (each acknowledged: returned here)."""
+def fill_past_free_room(master: str, count: int) -> dict[str, bytes]:
+    """Another client's `count` puts of 1 MiB into the 16 MiB pool, the last finding no free
+    room: the master then takes back unused leases and puts whose grant ended, waits for the
+    node's write fence, and gives that extent to the put (each acknowledged: returned here)."""
     stored = {}
     with Client(master, leases=False) as other:
-        for i in range(15):
+        for i in range(count):
             stored[f"cut/b{i}"] = value = os.urandom(MiB)
             other.put(f"cut/b{i}", value)
     return stored
@@ -276,7 +276,7 @@ def test_a_tcp_write_still_landing_when_a_fence_ends_its_lease_is_cut_off(tmp_pa
             with connect(loc) as sock:
                 sock.sendall(pack_request(Op.WRITE, loc.grant, loc.offset, MiB))
                 sock.sendall(b"\xee" * (MiB // 2))  # admitted: half of it has landed
-                stored = fill_past_free_room(cluster.master_address)
+                stored = fill_past_free_room(cluster.master_address, 15)  # past x0 and the lease
                 sock.sendall(b"\xee" * (MiB // 2))
                 status, _, length = RESPONSE.unpack(sock.recv(RESPONSE.size, socket.MSG_WAITALL))
                 message = sock.recv(length, socket.MSG_WAITALL).decode()
@@ -310,7 +310,7 @@ def test_a_grpc_write_still_landing_when_its_put_is_revoked_is_cut_off(tmp_path)
                 sent = pool.submit(pb_grpc.DataServiceStub(node).Write, chunks())
                 wait_until(lambda: gate.generations() == 1, what="the write admitted")
                 assert stub.PutRevoke(pb.KeyRequest(key="cut/g"), metadata=md).code == OK
-                stored = fill_past_free_room(master)
+                stored = fill_past_free_room(master, 16)  # the last takes cut/g's extent
                 go_on.set()
                 reply = sent.result(timeout=30)
             assert reply.status.code == AccessDeniedError.code, reply.status
