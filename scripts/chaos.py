@@ -130,6 +130,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
     acked: list[str] = []
     acked_at: list[float] = []  # wall clock of each acknowledgement (to place a loss in time)
     failed: dict[str, str] = {}  # key -> error class of a put that reported failure
+    why: dict[str, str] = {}  # key -> when and what that error said
     errors: Counter[str] = Counter()
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
@@ -152,6 +153,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                 except Exception as exc:  # counted by type; not acknowledged
                     errors[f"put:{type(exc).__name__}"] += 1
                     failed[key] = type(exc).__name__
+                    why[key] = f"{time.strftime('%H:%M:%S')} {str(exc)[:200]}"
             elif acked:
                 key = rng.choice(acked)
                 try:
@@ -166,7 +168,7 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                 time.sleep(0.05)
     Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
                                      "wrong_bytes": wrong, "errors": dict(errors),
-                                     "failed": failed}))  # fmt: skip
+                                     "failed": failed, "why": why}))  # fmt: skip
 
 
 # A put that failed with one of these may or may not have taken effect (the error says so);
@@ -174,9 +176,15 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
 OUTCOME_UNKNOWN = {"MasterTimeoutError", "MasterUnavailableError", "RpcError"}
 
 
-def failed_puts_check(store: Client, failed: dict[str, str]) -> tuple[Counter[str], int]:
+def failed_puts_check(
+    store: Client,
+    failed: dict[str, str],
+    examples: list[str] | None = None,
+    why: dict[str, str] | None = None,
+) -> tuple[Counter[str], int]:
     """Look up every key whose put reported failure: (visible ones by error class, wrong
-    bytes among them).  A definite failure that is visible is a misreported outcome."""
+    bytes among them).  A definite failure that is visible is a misreported outcome; the
+    first few are added to `examples` as "key (error class)"."""
     visible: Counter[str] = Counter()
     wrong = 0
     keys = list(failed)
@@ -186,6 +194,9 @@ def failed_puts_check(store: Client, failed: dict[str, str]) -> tuple[Counter[st
             if not there:
                 continue
             visible[failed[key]] += 1
+            if examples is not None and failed[key] not in OUTCOME_UNKNOWN and len(examples) < 10:
+                said = (why or {}).get(key, "")
+                examples.append(f"{key} ({failed[key]}: {said})")
             try:
                 data = store.get(key)
             except Exception:  # visible but unreadable: counted as visible
@@ -520,7 +531,9 @@ def main() -> None:
                     if data != content(key, size_of(key)):
                         wrong += 1
                 failed = {k: e for r in results for k, e in r.get("failed", {}).items()}
-                failed_visible, failed_wrong = failed_puts_check(store, failed)
+                misreported: list[str] = []
+                why = {k: w for r in results for k, w in r.get("why", {}).items()}
+                failed_visible, failed_wrong = failed_puts_check(store, failed, misreported, why)
                 wrong += failed_wrong
                 counters = store.stats().counters
             chaos.totals.update(counters)
@@ -556,6 +569,7 @@ def main() -> None:
                 "misreported_puts": sum(
                     n for e, n in failed_visible.items() if e not in OUTCOME_UNKNOWN
                 ),
+                "misreported_examples": misreported,
                 "settled": settled,
                 "repairs": counters.get("repairs", 0),  # the last master lifetime's
                 "master_counters": dict(chaos.totals),

@@ -30,7 +30,7 @@ def test_short_chaos_run_loses_nothing(tmp_path):
     assert report["evictions"] == 0  # the pools were sized so that loss is told from eviction
     assert report["duplicate_node_ids_accepted"] == 0
     # a put that reported a definite failure never became visible (issue 11, item 6)
-    assert report["misreported_puts"] == 0, report["failed_puts_visible"]
+    assert report["misreported_puts"] == 0, report["misreported_examples"]
     injected, skipped = report["faults_injected"], report["faults_skipped"]
     # Clock steps need libfaketime (scripts/install-deps.sh, run by `make test`): without it
     # they are skipped, and say why.
