@@ -296,13 +296,16 @@ class PutMethods(ServicerBase):
             await self.persist_dirty()  # evicted blocks are gone before the space is reused
         return out
 
+    @capped("items")
     async def BatchLeasedPut(
         self, request: pb.BatchLeasedPutRequest, context: object
     ) -> pb.BatchLeasedPutResponse:
-        """Commit values written into leases; release leases given back; grant the next."""
+        """Commit values written into leases; release leases given back; grant the next.
+        Capped and served in slices like every batch (the client slices it: client/leases.py)."""
         results: list[pb.LeasedPutResult | None] = []
         sealed: list[ObjectMeta] = []
-        for item in request.items:
+        for done, item in enumerate(request.items):
+            await pause_every(done)
             spec = item.spec
             repeated = self.table.committed_as(spec.key, item.checksum)
             if (
@@ -330,7 +333,8 @@ class PutMethods(ServicerBase):
                 sealed.append(meta)
                 results.append(None)
         committed = await self._commit(sealed) if sealed else {}
-        for lease_id in request.release:
+        for done, lease_id in enumerate(request.release):
+            await pause_every(done)
             release_lease(self.table, lease_id)
         out: list[pb.LeasedPutResult] = []
         for item, result in zip(request.items, results, strict=True):

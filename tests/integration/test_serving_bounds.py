@@ -61,6 +61,12 @@ def test_a_batch_over_the_cap_is_refused_whole_naming_the_cap(
         for name in ("BatchExists", "BatchGetReplicaList"):  # sent whole, by hand
             with pytest.raises(InvalidArgumentError, match=r"at most 100 .*--max-batch-items"):
                 store._run(master._call(name, pb.KeysRequest(keys=keys), idempotent=True))
+        leased = pb.BatchLeasedPutRequest(  # leased puts too (none of these leases exists)
+            items=[pb.LeasedPutItem(spec=pb.PutStartItem(key=k, size_bytes=1), lease_id="x")
+                   for k in keys]
+        )  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=r"at most 100 .*--max-batch-items"):
+            store._run(master._call("BatchLeasedPut", leased, idempotent=True))
         assert store.exists_many(keys[:100]) == [True] + [False] * 99  # at the cap: served
         assert store.get("k0") == b"v"
 
