@@ -33,18 +33,48 @@ from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 
-def put_start(master: str, key: str, size: int):
-    # Over gRPC: the put outlives this connection until the master's once-a-second check of
-    # closed gRPC connections revokes it (master/grpc_owners.py); a framed connection's
-    # pending puts are revoked as it closes.  Either way their write grants are fenced.
-    async def call():
-        client = MasterClient(master, timeout_s=5, retry=Retry(), framed=False)
-        try:
-            return (await client.put_start([PutSpec(key, size, 1)]))[0]
-        finally:
-            await client.close()
+class _MasterSession:
+    """One master connection held open on a loop thread of its own: a put it started stays
+    pending (its write grant valid) until the test ends, since the master revokes a closed
+    connection's pending puts (a framed one at once, a gRPC one within about a second: see
+    master/grpc_owners.py).  A test that wrote with the grant of a put whose connection had
+    already closed raced that revocation."""
 
-    return asyncio.run(call())
+    def __init__(self, master: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def connect() -> MasterClient:
+            return MasterClient(master, timeout_s=5, retry=Retry(), framed=False)
+
+        self.client = self.run(connect())
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.run(self.client.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+_sessions: dict[str, _MasterSession] = {}
+
+
+@pytest.fixture(autouse=True)
+def _close_master_sessions():
+    yield
+    while _sessions:
+        _sessions.popitem()[1].close()
+
+
+def put_start(master: str, key: str, size: int):
+    """Start a put of one replica over gRPC on a connection that stays open until the test
+    ends (so the put stays pending until then, or until --put-timeout)."""
+    session = _sessions.get(master) or _sessions.setdefault(master, _MasterSession(master))
+    return session.run(session.client.put_start([PutSpec(key, size, 1)]))[0]
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
