@@ -304,17 +304,21 @@ class PutMethods(ServicerBase):
         Capped and served in slices like every batch (the client slices it: client/leases.py)."""
         results: list[pb.LeasedPutResult | None] = []
         sealed: list[ObjectMeta] = []
+        waits: list[asyncio.Future[None]] = []
         for done, item in enumerate(request.items):
             await pause_every(done)
             spec = item.spec
             repeated = self.table.committed_as(spec.key, item.checksum)
-            if (
-                repeated is not None
-                and repeated[0] == COMPLETE
-                and (item.lease_id not in self.table._lease_keys)
-            ):  # a retry whose first reply was lost: that commit used the lease
-                results.append(pb.LeasedPutResult(status=_OK, replicas=repeated[1]))
-                continue
+            if repeated is not None and item.lease_id not in self.table._lease_keys:
+                # A retry whose first reply was lost: that commit used the lease.
+                if repeated[0] == COMPLETE:
+                    results.append(pb.LeasedPutResult(status=_OK, replicas=repeated[1]))
+                    continue
+                committing = self._committing.get(spec.key)
+                if committing is not None:  # still being made durable: answer as it ends
+                    waits.append(committing)
+                    results.append(None)
+                    continue
             try:
                 meta = put_leased(
                     self.table, item.lease_id, spec.key, spec.size_bytes, item.checksum,
@@ -333,13 +337,23 @@ class PutMethods(ServicerBase):
                 sealed.append(meta)
                 results.append(None)
         committed = await self._commit(sealed) if sealed else {}
+        if waits:
+            await asyncio.gather(*waits)
         for done, lease_id in enumerate(request.release):
             await pause_every(done)
             release_lease(self.table, lease_id)
         out: list[pb.LeasedPutResult] = []
         for item, result in zip(request.items, results, strict=True):
             if result is None:
-                end = committed[item.spec.key]
+                end = committed.get(item.spec.key) or self._repeated_put_end(
+                    pb.PutEndItem(key=item.spec.key, checksum=item.checksum)
+                )
+                if end is None:  # waited for a commit that failed
+                    lost = ObjectNotFoundError(
+                        f"the put of {item.spec.key!r} was not committed (its commit failed or "
+                        "was revoked)"
+                    )
+                    end = pb.PutEndResult(status=_status(lost))
                 result = pb.LeasedPutResult(status=end.status, replicas=end.replicas)
             out.append(result)
         leases = await self._grant_leases(request.next, self._owner(context))

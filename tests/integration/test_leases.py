@@ -193,3 +193,41 @@ def test_leases_give_way_to_puts_when_the_pool_is_tight(tmp_path):
             value = os.urandom(MiB // 2)
             holder.put("held/after", value)  # its leases are gone: two-phase, evicting
             assert holder.get("held/after") == value
+
+
+def test_a_leased_commit_repeated_while_the_first_is_made_durable_reports_its_outcome(cluster):
+    """A BatchLeasedPut sent again (a retry after its connection died with the call sent)
+    while the first is still being made durable: the repeat waits for that commit and reports
+    it, as a repeated PutEnd does.  It said "the lease is gone", and the client then put the
+    value the two-phase way into a key still committing (ObjectBusyError for a put that
+    became visible)."""
+    from mooncake_store._proto import mooncake_store_pb2 as pb
+    from mooncake_store.client.master_client import put_start_call
+    from mooncake_store.client.types import PutSpec
+    from mooncake_store.common.checksum import checksum
+    from mooncake_store.common.errors import OK
+
+    value = os.urandom(40960)
+    with Client(cluster.master_address) as store, \
+            Client(cluster.master_address, leases=False) as other:  # fmt: skip
+        store.put("again/0", os.urandom(len(value)))  # two-phase; brings a lease
+        [held] = [h for h in store._flows._leases._held.values() if h]
+        lease = held.pop()  # sent by hand below
+        # A put in flight: the commit below is grouped with others, so it yields meanwhile.
+        other._master_call(put_start_call([PutSpec("again/pending", 4096)]))
+        request = pb.BatchLeasedPutRequest(items=[pb.LeasedPutItem(
+            spec=pb.PutStartItem(key="again/1", size_bytes=len(value)),
+            lease_id=lease.lease_id, checksum=checksum(value),
+        )])  # fmt: skip
+        servicer = cluster.master.server._servicer
+
+        async def twice() -> list[pb.BatchLeasedPutResponse]:
+            return await asyncio.gather(
+                servicer.BatchLeasedPut(request, None), servicer.BatchLeasedPut(request, None)
+            )
+
+        first, repeat = cluster.master.call(twice())
+        assert first.results[0].status.code == OK, first.results[0].status
+        assert repeat.results[0].status.code == OK, repeat.results[0].status
+        assert repeat.results[0].replicas == first.results[0].replicas == 1
+        assert store.exists("again/1")
