@@ -4,9 +4,10 @@
 For each block size in turn (interleaved, so every system sees the same machine state) it
 measures:
   ours-shm       put_from/get_into through a node's shared memory (client on the same host),
-                 default client: it holds allocation leases, so a steady put is one master
-                 round trip (BatchLeasedPut)
-  ours-tcp       the same over the TCP data path
+                 default client: it copies through shared memory, so it takes no allocation
+                 leases and a put is two master round trips (PutStart, PutEnd)
+  ours-tcp       the same over the TCP data path: the default client holds allocation leases,
+                 so a steady put is one master round trip (BatchLeasedPut)
   memcpy, tcp    the physical limits (numpy copy between DRAM buffers; raw loopback TCP)
   mooncake-shm   Mooncake Store, dummy client -> real client over shared memory (put_from/get_into)
   mooncake-tcp   Mooncake Store, segment in a second process, TCP transport (put_from/get_into)

@@ -219,6 +219,14 @@ class WriteFlows(LocalPools):
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
         if to_end:
+            if (
+                self._leases is not None
+                and not self._leases.stopped
+                and any(self._copies_to_this_host(p.plan.replicas) for p in to_end if p.plan)
+            ):
+                held = self._leases.stop()
+                if held:
+                    yield from self._give_back(held)
             items = [(p.key, p.checksum, p.failed or ()) for p in to_end]
             wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
             if leasing and wanted:
@@ -244,6 +252,9 @@ class WriteFlows(LocalPools):
         assert self._leases is not None
         leases = self._leases.take([p.spec for p in pending])
         if leases is None:
+            return pending
+        if any(self._copies_to_this_host(lease.locations) for lease in leases):
+            yield from self._give_back([lease.lease_id for lease in leases] + self._leases.stop())
             return pending
         for p, lease in zip(pending, leases, strict=True):
             p.plan = PutPlan(False, lease.locations)
@@ -282,6 +293,17 @@ class WriteFlows(LocalPools):
         for p in redo:
             p.plan, p.failed, p.error, p.checksum = None, None, None, 0
         return redo
+
+    def _copies_to_this_host(self, locations: Sequence[ReplicaLocation]) -> bool:
+        """Whether writing `locations` copies into a same-host pool (mapped, or a node that
+        offers its pool to this host and has not refused it): no grant guards such a copy, so
+        this client puts two-phase only (LeasePool.stop)."""
+        if not self.local_shm:
+            return False
+        return any(
+            loc.tier == "DRAM" and (self.shm.cached(loc) is not None or self.shm.worth_probing(loc))
+            for loc in locations
+        )
 
     def _give_back(self, lease_ids: list[str]) -> Flow[None]:
         """Release leases after a failed copy, best effort (the master reclaims them anyway)."""

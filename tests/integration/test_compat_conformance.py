@@ -262,9 +262,10 @@ def test_setup_forms_and_failures(cluster):
 
 def test_setup_takes_the_leases_option(cluster):
     """Allocation leases are on by default (a put's commit brings space for the next put of
-    its size); config key "leases" (or setup(..., leases=False)) turns them off."""
+    its size); config key "leases" (or setup(..., leases=False)) turns them off.  Leases serve
+    TCP writers only: a store on a node's host copies through shared memory, so it puts
+    two-phase and holds none (client/leases.py, LeasePool.stop)."""
     from mooncake_store import Client
-    from tests.conftest import wait_until
 
     config = {"local_hostname": "127.0.0.1", "global_segment_size": "0", "protocol": "tcp",
               "master_server_address": cluster.master_address}  # fmt: skip
@@ -272,12 +273,13 @@ def test_setup_takes_the_leases_option(cluster):
         before = observer.stats().leases
         off = MooncakeDistributedStore()
         assert off.setup({**config, "leases": False}) == 0
+        assert off._client._flows._leases is None
         assert off.put("c/no-lease", b"n" * 5000) == 0
-        assert observer.stats().leases == before
         on = MooncakeDistributedStore()
         assert on.setup(config) == 0
-        assert on.put("c/lease", b"l" * 5000) == 0
-        assert observer.stats().leases == before + 1
+        assert on._client._flows._leases is not None
+        assert on.put("c/lease", b"l" * 5000) == 0  # same host: by shared memory
+        assert on._client._flows._leases.stopped
+        assert observer.stats().leases == before
+        assert off.get("c/lease") == b"l" * 5000 and on.get("c/no-lease") == b"n" * 5000
         assert off.close() == 0 and on.close() == 0
-        wait_until(lambda: observer.stats().leases == before, timeout_s=10,
-                   what="the closed store's lease to end")  # fmt: skip

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from mooncake_store import AsyncClient, Client
+from mooncake_store import AsyncClient, Client, ObjectNotFoundError
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
 from tests.conftest import FAST_MASTER, wait_until
@@ -28,8 +28,9 @@ def cluster(tmp_path_factory):
         yield c
 
 
-@pytest.mark.parametrize("local_shm", [True, False])
-def test_steady_puts_are_one_master_call(cluster, local_shm):
+def test_steady_puts_are_one_master_call(cluster):
+    """Over TCP (a client on a host without a node): leases make a warm put one call."""
+    local_shm = False
     with Client(cluster.master_address, leases=True, local_shm=local_shm) as store:
         values = {f"lease/{local_shm}/{i}": os.urandom(MiB - i) for i in range(6)}
         sizes = {len(v) for v in values.values()}
@@ -61,10 +62,10 @@ def test_steady_puts_are_one_master_call(cluster, local_shm):
         assert store.counters["leased_puts"] == leased + 1  # a fresh lease, written once
 
 
-@pytest.mark.parametrize("local_shm", [True, False])
-def test_async_client_leases_by_default(cluster, local_shm):
-    """AsyncClient without options: put, put_from and put_many are one master call each once
-    warm, as in the sync Client."""
+def test_async_client_leases_by_default(cluster):
+    """AsyncClient without options, over TCP: put, put_from and put_many are one master call
+    each once warm, as in the sync Client."""
+    local_shm = False
 
     async def run() -> None:
         async with AsyncClient(cluster.master_address, local_shm=local_shm) as store:
@@ -93,7 +94,7 @@ def test_async_client_leases_by_default(cluster, local_shm):
 
 def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):
     with LocalCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
-        with Client(cluster.master_address, leases=True) as store:
+        with Client(cluster.master_address, leases=True, local_shm=False) as store:
             store.put("before", os.urandom(MiB))  # leaves a lease for the next MiB
             cluster.master.signal(signal.SIGKILL)
             cluster.master.proc.wait()
@@ -123,7 +124,7 @@ def test_leases_are_reported_apart_and_end_with_their_client(cluster, framed):
         before = observer.stats()
         pool_before = _pool_used(observer)  # (frees of earlier tests may still be on their way)
         [node_before] = observer.list_nodes()
-        with Client(cluster.master_address, framed=framed) as store:
+        with Client(cluster.master_address, framed=framed, local_shm=False) as store:
             value = os.urandom(MiB)
             store.put(f"apart/{framed}", value)  # its PutEnd brings a lease for the next MiB
             stats = observer.stats()
@@ -175,7 +176,7 @@ def test_leases_give_way_to_puts_when_the_pool_is_tight(tmp_path):
     pool exactly, evicting nothing and never refused (as it would without leases)."""
     with LocalCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as c:
         with (
-            Client(c.master_address) as holder,
+            Client(c.master_address, local_shm=False) as holder,  # leases: TCP writers only
             Client(c.master_address, leases=False) as other,
         ):
             for b in range(2):  # the second batch is leased and asks for the next ones
@@ -208,7 +209,7 @@ def test_a_leased_commit_repeated_while_the_first_is_made_durable_reports_its_ou
     from mooncake_store.common.errors import OK
 
     value = os.urandom(40960)
-    with Client(cluster.master_address) as store, \
+    with Client(cluster.master_address, local_shm=False) as store, \
             Client(cluster.master_address, leases=False) as other:  # fmt: skip
         store.put("again/0", os.urandom(len(value)))  # two-phase; brings a lease
         [held] = [h for h in store._flows._leases._held.values() if h]
@@ -231,3 +232,30 @@ def test_a_leased_commit_repeated_while_the_first_is_made_durable_reports_its_ou
         assert repeat.results[0].status.code == OK, repeat.results[0].status
         assert repeat.results[0].replicas == first.results[0].replicas == 1
         assert store.exists("again/1")
+
+
+def test_same_host_clients_put_two_phase_and_never_copy_into_a_lease_taken_back(tmp_path):
+    """Found by review: a same-host client copies into a pool through shared memory, which no
+    write grant, seal or fence governs.  Holding a lease the master had taken back (the room
+    given to another client's put when the pool filled up), its next put copied over that
+    put's acknowledged block (b14 failed its checksum).  A client that writes by shared
+    memory now takes no leases: its puts are two-phase (two master calls), and every block
+    of the other client reads back."""
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as c:
+        with Client(c.master_address) as x, Client(c.master_address) as b:  # defaults
+            x.put("x0", os.urandom(MiB))  # two-phase; asks for no lease: it copied by shm
+            leases_after_x0 = x.stats().leases
+            values = {f"b{i}": os.urandom(MiB) for i in range(15)}
+            for key, value in values.items():  # fills the pool
+                b.put(key, value)
+            calls = x.counters["framed_calls"]
+            x.put("x1", os.urandom(MiB))
+            for key, value in values.items():  # (ChecksumMismatchError on b14 before)
+                try:
+                    assert b.get(key) == value
+                except ObjectNotFoundError:
+                    pass  # evicted for x1 (a full pool): never overwritten
+            assert leases_after_x0 == 0
+            assert x.counters["framed_calls"] - calls >= 2  # PutStart + PutEnd
+            assert x.counters.get("leased_puts", 0) == 0 and b.counters.get("leased_puts", 0) == 0
+            assert x.counters["shm_writes"] >= 2

@@ -122,7 +122,7 @@ def test_a_correct_put_heals_a_key_committed_with_a_wrong_checksum(cluster2):
 def test_a_leased_put_of_a_stored_key_with_another_value_is_no_duplicate(cluster2):
     """The one-RTT (leased) put of a key stored with another value used to report
     "deduplicated"; it now goes the two-phase way: a conflict, or a heal of a poisoned key."""
-    with Client(cluster2.master_address, leases=True) as store:
+    with Client(cluster2.master_address, leases=True, local_shm=False) as store:  # TCP: leases
         for i in range(3):  # puts of this size: the client now holds leases for it
             store.put(f"leased/warm{i}", os.urandom(20_000))
         assert store.counters["leased_puts"] >= 1
