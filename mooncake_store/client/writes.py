@@ -253,6 +253,9 @@ class WriteFlows(LocalPools):
         leases = self._leases.take([p.spec for p in pending])
         if leases is None:
             return pending
+        # Probe the leases' nodes first (once per pool): a node on another host is not mapped
+        # and its lease is written over TCP, which the node checks.
+        yield MapPools([loc for lease in leases for loc in lease.locations])
         if any(self._copies_to_this_host(lease.locations) for lease in leases):
             yield from self._give_back([lease.lease_id for lease in leases] + self._leases.stop())
             return pending
@@ -295,15 +298,10 @@ class WriteFlows(LocalPools):
         return redo
 
     def _copies_to_this_host(self, locations: Sequence[ReplicaLocation]) -> bool:
-        """Whether writing `locations` copies into a same-host pool (mapped, or a node that
-        offers its pool to this host and has not refused it): no grant guards such a copy, so
-        this client puts two-phase only (LeasePool.stop)."""
-        if not self.local_shm:
-            return False
-        return any(
-            loc.tier == "DRAM" and (self.shm.cached(loc) is not None or self.shm.worth_probing(loc))
-            for loc in locations
-        )
+        """Whether writing `locations` copies into a same-host pool this client has mapped
+        (probed by a MapPools step before): no grant guards such a copy, so this client puts
+        two-phase only (LeasePool.stop)."""
+        return any(self._mapped(loc) is not None for loc in locations)
 
     def _give_back(self, lease_ids: list[str]) -> Flow[None]:
         """Release leases after a failed copy, best effort (the master reclaims them anyway)."""
