@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import click
 
@@ -143,14 +143,18 @@ class DaemonProcess:
         self._log.close()
 
 
-class LocalCluster:
-    """A master and `nodes` store nodes on 127.0.0.1, all real processes.
+M = TypeVar("M")  # the master handle of a cluster
+N = TypeVar("N")  # a node handle
 
-    Example:
-        with LocalCluster(tmp_path, nodes=2, dram="64MiB") as cluster:
-            with Client(cluster.master_address) as store:
-                store.put("k", b"v")
-    """
+
+class ClusterBase(Generic[M, N]):
+    """What a local cluster is, however its daemons run: its settings (the daemons' own flags
+    in `master_args` and `node_args`), the flags each daemon is started with, its members, and
+    waiting for the nodes.  `LocalCluster` runs them as subprocesses, `InProcessCluster`
+    (cluster_inprocess.py) on threads of the calling process."""
+
+    DEFAULT_METRICS_PORT = 0  # the master's /metrics; -1: none
+    POLL_S = 0.05  # how often wait_for_nodes asks the master
 
     def __init__(
         self,
@@ -163,90 +167,82 @@ class LocalCluster:
         nvme: str | None = None,
         start_timeout_s: float = 30.0,
         client_options: dict[str, Any] | None = None,
-        metrics_port: int = 0,
+        metrics_port: int | None = None,
     ) -> None:
         self.root = Path(root)
         # Client(...) options of the cluster's own probes (e.g. tls= for a TLS cluster).
         self.client_options = dict(client_options or {})
         self.nvme = nvme  # per-node NVMe tier size; each node gets root/nvme-<index>
         self.data_dir = self.root / "master"
-        self.log_dir = self.root / "logs"
         self.node_count = nodes
         self.dram = dram
         self.master_args = list(master_args)
         self.node_args = list(node_args)
         self.timeout_s = start_timeout_s
-        self.metrics_port = metrics_port  # the master's; node i gets metrics_port + 1 + i when > 0
-        self.master: DaemonProcess | None = None
+        # The master's; node i gets metrics_port + 1 + i when > 0.
+        self.metrics_port = self.DEFAULT_METRICS_PORT if metrics_port is None else metrics_port
+        self.master: M | None = None
         self.master_port = 0
-        self.nodes: list[DaemonProcess] = []
+        self.nodes: list[N] = []
 
     @property
     def master_address(self) -> str:
         return f"127.0.0.1:{self.master_port}"
 
-    def start(self) -> LocalCluster:
+    def start(self) -> Any:
         self.start_master()
         for _ in range(self.node_count):
             self.add_node()
         self.wait_for_nodes(self.node_count)
         return self
 
-    def start_master(self) -> DaemonProcess:
-        """Start the master (again, on the same port and data directory after a stop)."""
-        args = [
-            sys.executable,
-            "-m",
-            "mooncake_store.master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.master_port),
-            "--data-dir",
-            str(self.data_dir),
-            "--metrics-port",
-            str(self.metrics_port),
+    def start_master(self) -> M:
+        raise NotImplementedError
+
+    def _start_node(self, index: int, extra_args: Sequence[str], dram: str | None) -> N:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _master_flags(self) -> list[str]:
+        """The master's flags (again on the same port and data directory after a stop)."""
+        return [
+            "--host", "127.0.0.1", "--port", str(self.master_port),
+            "--data-dir", str(self.data_dir), "--metrics-port", str(self.metrics_port),
             *self.master_args,
-        ]
-        self.master = DaemonProcess(
-            args, self.log_dir / "master.log", _MASTER_READY, self.timeout_s
-        )
-        self.master_port = int(self.master.match.group(2))
-        return self.master
+        ]  # fmt: skip
 
-    def add_node(self, *extra_args: str, dram: str | None = None) -> DaemonProcess:
-        node = self._spawn_node(len(self.nodes), extra_args, dram)
-        self.nodes.append(node)
-        return node
-
-    def restart_node(self, index: int, *extra_args: str) -> DaemonProcess:
-        """Start node `index` again under the same node id (after it stopped or was killed)."""
-        if self.nodes[index].alive():
-            raise RuntimeError(f"node-{index} is still running")
-        self.nodes[index] = self._spawn_node(index, extra_args, None)
-        return self.nodes[index]
-
-    def _spawn_node(self, index: int, extra_args: Sequence[str], dram: str | None) -> DaemonProcess:
+    def _node_flags(self, index: int, extra_args: Sequence[str], dram: str | None) -> list[str]:
+        """Node `index`'s flags: its id is node-<index>, so a restart keeps it."""
+        port = self.metrics_port + 1 + index if self.metrics_port > 0 else self.metrics_port
         args = [
-            sys.executable, "-m", "mooncake_store.node", "--master", self.master_address,
-            "--host", "127.0.0.1", "--dram", dram or self.dram, "--node-id", f"node-{index}",
-            "--metrics-port", str(self.metrics_port + 1 + index if self.metrics_port > 0
-                                  else self.metrics_port),
+            "--master", self.master_address, "--host", "127.0.0.1", "--dram", dram or self.dram,
+            "--node-id", f"node-{index}", "--metrics-port", str(port),
             *self.node_args, *extra_args,
         ]  # fmt: skip
         if self.nvme:
             args += ["--nvme-dir", str(self.root / f"nvme-{index}"), "--nvme", self.nvme]
-        return DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY, self.timeout_s)
+        return args
+
+    def add_node(self, *extra_args: str, dram: str | None = None) -> N:
+        node = self._start_node(len(self.nodes), extra_args, dram)
+        self.nodes.append(node)
+        return node
+
+    def restart_node(self, index: int, *extra_args: str) -> N:
+        """Start node `index` again under the same node id (after it stopped or was killed)."""
+        if self.nodes[index].alive():  # type: ignore[attr-defined]
+            raise RuntimeError(f"node-{index} is still running")
+        self.nodes[index] = self._start_node(index, extra_args, None)
+        return self.nodes[index]
 
     def metrics_lines(self) -> list[str]:
         """`metrics: <daemon> <url>` for every daemon that serves /metrics."""
-        daemons = [("master", self.master), *((f"node-{i}", n) for i, n in enumerate(self.nodes))]
+        daemons: list[tuple[str, Any]] = [("master", self.master)]
+        daemons += [(f"node-{i}", n) for i, n in enumerate(self.nodes)]
         return [f"metrics: {name} {d.metrics_url}" for name, d in daemons
                 if d is not None and d.metrics_url]  # fmt: skip
-
-    def node_endpoint(self, index: int) -> str:
-        m = self.nodes[index].match
-        return f"{m.group(2)}:{m.group(3)}"
 
     def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> None:
         """Poll the master until exactly `count` nodes are mounted and offered (a suspect
@@ -261,7 +257,49 @@ class LocalCluster:
                     return
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{mounted} nodes mounted, expected {count}")
-                time.sleep(0.05)
+                time.sleep(self.POLL_S)
+
+    def __enter__(self) -> Any:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class LocalCluster(ClusterBase[DaemonProcess, DaemonProcess]):
+    """A master and `nodes` store nodes on 127.0.0.1, all real processes.
+
+    Example:
+        with LocalCluster(tmp_path, nodes=2, dram="64MiB") as cluster:
+            with Client(cluster.master_address) as store:
+                store.put("k", b"v")
+    """
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    def start_master(self) -> DaemonProcess:
+        """Start the master (again, on the same port and data directory after a stop)."""
+        args = [sys.executable, "-m", "mooncake_store.master", *self._master_flags()]
+        self.master = DaemonProcess(
+            args, self.log_dir / "master.log", _MASTER_READY, self.timeout_s
+        )
+        self.master_port = int(self.master.match.group(2))
+        return self.master
+
+    def _start_node(self, index: int, extra_args: Sequence[str], dram: str | None) -> DaemonProcess:
+        args = [sys.executable, "-m", "mooncake_store.node",
+                *self._node_flags(index, extra_args, dram)]  # fmt: skip
+        return DaemonProcess(args, self.log_dir / f"node-{index}.log", _NODE_READY, self.timeout_s)
+
+    def node_endpoint(self, index: int) -> str:
+        m = self.nodes[index].match
+        return f"{m.group(2)}:{m.group(3)}"
 
     def stop(self) -> None:
         """Stop the whole cluster: the master first, so that the nodes do not drain their
@@ -271,16 +309,6 @@ class LocalCluster:
         for node in self.nodes:
             if node.alive():
                 node.stop()
-
-    def __enter__(self) -> LocalCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 def connect_hint(cluster: LocalCluster) -> str:

@@ -26,14 +26,13 @@ import asyncio
 import concurrent.futures
 import gc
 import threading
-import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from mooncake_store.cluster import METRICS_URL as _METRICS
+from mooncake_store.cluster import ClusterBase
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.config import load_config
 from mooncake_store.common.loop import new_event_loop
@@ -162,7 +161,7 @@ class InProcessNode(InProcessDaemon):
         self._end(self.server.stop(unmount=False), timeout_s)
 
 
-class InProcessCluster:
+class InProcessCluster(ClusterBase[InProcessMaster, InProcessNode]):
     """A master and `nodes` store nodes in this process (see the module docstring).
 
     Example:
@@ -171,43 +170,8 @@ class InProcessCluster:
                 store.put("k", b"v")
     """
 
-    def __init__(
-        self,
-        root: str | Path,
-        *,
-        nodes: int = 2,
-        dram: str = "64MiB",
-        master_args: Sequence[str] = (),
-        node_args: Sequence[str] = (),
-        nvme: str | None = None,
-        start_timeout_s: float = 30.0,
-        client_options: dict[str, Any] | None = None,
-        metrics_port: int = -1,
-    ) -> None:
-        self.root = Path(root)
-        self.client_options = dict(client_options or {})
-        self.nvme = nvme
-        self.data_dir = self.root / "master"
-        self.node_count = nodes
-        self.dram = dram
-        self.master_args = list(master_args)
-        self.node_args = list(node_args)
-        self.timeout_s = start_timeout_s
-        self.metrics_port = metrics_port  # -1: no /metrics servers (0: free ports)
-        self.master: InProcessMaster | None = None
-        self.master_port = 0
-        self.nodes: list[InProcessNode] = []
-
-    @property
-    def master_address(self) -> str:
-        return f"127.0.0.1:{self.master_port}"
-
-    def start(self) -> InProcessCluster:
-        self.start_master()
-        for _ in range(self.node_count):
-            self.add_node()
-        self.wait_for_nodes(self.node_count)
-        return self
+    DEFAULT_METRICS_PORT = -1  # no /metrics servers (0: free ports)
+    POLL_S = 0.02
 
     def start_master(self) -> InProcessMaster:
         """Start the master (again, on the same port and data directory after a stop)."""
@@ -215,11 +179,7 @@ class InProcessCluster:
         from mooncake_store.master.config import MasterConfig
         from mooncake_store.master.server import MasterServer
 
-        config = parse_flags(cli.main, MasterConfig, cli.ENV_PREFIX, [
-            "--host", "127.0.0.1", "--port", str(self.master_port),
-            "--data-dir", str(self.data_dir), "--metrics-port", str(self.metrics_port),
-            *self.master_args,
-        ])  # fmt: skip
+        config = parse_flags(cli.main, MasterConfig, cli.ENV_PREFIX, self._master_flags())
         master = InProcessMaster("master", None, self.timeout_s)
         try:
             master.server = master.call(_construct(MasterServer, config))
@@ -230,32 +190,13 @@ class InProcessCluster:
         self.master = master
         return master
 
-    def add_node(self, *extra_args: str, dram: str | None = None) -> InProcessNode:
-        node = self._start_node(len(self.nodes), extra_args, dram)
-        self.nodes.append(node)
-        return node
-
-    def restart_node(self, index: int, *extra_args: str) -> InProcessNode:
-        """Start node `index` again under the same node id (after it stopped)."""
-        if self.nodes[index].alive():
-            raise RuntimeError(f"node-{index} is still running")
-        self.nodes[index] = self._start_node(index, extra_args, None)
-        return self.nodes[index]
-
     def _start_node(self, index: int, extra_args: Sequence[str],
                     dram: str | None) -> InProcessNode:  # fmt: skip
         from mooncake_store.node import cli
         from mooncake_store.node.config import NodeConfig
         from mooncake_store.node.server import StoreNode
 
-        port = self.metrics_port + 1 + index if self.metrics_port > 0 else self.metrics_port
-        args = [
-            "--master", self.master_address, "--host", "127.0.0.1", "--dram", dram or self.dram,
-            "--node-id", f"node-{index}", "--metrics-port", str(port),
-            *self.node_args, *extra_args,
-        ]  # fmt: skip
-        if self.nvme:
-            args += ["--nvme-dir", str(self.root / f"nvme-{index}"), "--nvme", self.nvme]
+        args = self._node_flags(index, extra_args, dram)
         config = parse_flags(cli.main, NodeConfig, cli.ENV_PREFIX, args)
         node = InProcessNode(f"node-{index}", None, self.timeout_s)
         try:
@@ -268,29 +209,9 @@ class InProcessCluster:
             raise
         return node
 
-    def metrics_lines(self) -> list[str]:
-        """`metrics: <daemon> <url>` for every daemon that serves /metrics."""
-        daemons = [("master", self.master), *((f"node-{i}", n) for i, n in enumerate(self.nodes))]
-        return [f"metrics: {name} {d.metrics_url}" for name, d in daemons
-                if d is not None and d.metrics_url]  # fmt: skip
-
     def node_endpoint(self, index: int) -> str:
         server = self.nodes[index].server
         return join_host_port(server.config.advertised_host, server.port)
-
-    def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> None:
-        """Poll the master until exactly `count` nodes are mounted."""
-        from mooncake_store.client.sync_client import Client
-
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        with Client(self.master_address, **self.client_options) as client:
-            while True:
-                mounted = len({n.node_id for n in client.list_nodes()})
-                if mounted == count:
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{mounted} nodes mounted, expected {count}")
-                time.sleep(0.02)
 
     def stop(self) -> None:
         """Stop the whole cluster: the master first (as LocalCluster does), then the nodes
@@ -309,16 +230,6 @@ class InProcessCluster:
                     errors.append(exc)
         if errors:
             raise errors[0]
-
-    def __enter__(self) -> InProcessCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 async def _construct(cls: Callable[[Any], T], config: Any) -> T:

@@ -518,7 +518,9 @@ def main() -> None:
             acked_at = {
                 k: t for r in results for k, t in zip(r["acked"], r["acked_at"], strict=True)
             }
-            lost, wrong, unreadable_errors = [], 0, Counter()
+            lost: list[str] = []
+            wrong = 0
+            unreadable_errors: Counter[str] = Counter()
             with Client(cluster.master_address, timeout_s=5,
                         retry=Retry(attempts=20, backoff_s=0.1)) as store:  # fmt: skip
                 for key in acked:
@@ -530,10 +532,12 @@ def main() -> None:
                         continue
                     if data != content(key, size_of(key)):
                         wrong += 1
-                failed = {k: e for r in results for k, e in r.get("failed", {}).items()}
+                failed_puts = {k: e for r in results for k, e in r.get("failed", {}).items()}
                 misreported: list[str] = []
                 why = {k: w for r in results for k, w in r.get("why", {}).items()}
-                failed_visible, failed_wrong = failed_puts_check(store, failed, misreported, why)
+                failed_visible, failed_wrong = failed_puts_check(
+                    store, failed_puts, misreported, why
+                )
                 wrong += failed_wrong
                 counters = store.stats().counters
             chaos.totals.update(counters)
@@ -564,7 +568,7 @@ def main() -> None:
                 "duplicate_node_ids_refused": chaos.duplicates_refused,
                 "duplicate_node_ids_accepted": chaos.duplicates_accepted,
                 "errors": dict(errors),
-                "failed_puts": len(failed),
+                "failed_puts": len(failed_puts),
                 "failed_puts_visible": dict(failed_visible),
                 "misreported_puts": sum(
                     n for e, n in failed_visible.items() if e not in OUTCOME_UNKNOWN
