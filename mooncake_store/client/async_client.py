@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from mooncake_store.client.flows import DEFAULT_MASTER, DEFAULT_MAX_VALUE_BYTES, ClientFlows
-from mooncake_store.client.master_client import MasterCall
+from mooncake_store.client.master_client import MasterCall, MasterClient
 from mooncake_store.client.metadata import MetadataCalls
 from mooncake_store.client.ranges import Range, ReadSession
-from mooncake_store.client.steps import Flow, Transfer, Transfers
+from mooncake_store.client.steps import Flow, Overlapped, Transfer, Transfers, run_meanwhile
 from mooncake_store.client.tcp_async import TcpPool
 from mooncake_store.client.types import PrefixRead, PutResult, ReplicaLocation, Retry
 from mooncake_store.common.errors import MooncakeError
@@ -177,6 +177,8 @@ class AsyncClient(MetadataCalls):
                     call = master.run(step)
                     # A step taken while unwinding a cancellation must not be cancelled too.
                     value = await (asyncio.shield(call) if cleanup else call)
+                elif isinstance(step, Overlapped):
+                    value = await self._overlapped(master, step)
                 elif isinstance(step, Transfers):
                     value = await self._transfer_all(step.transfers)
                 else:
@@ -184,6 +186,19 @@ class AsyncClient(MetadataCalls):
                     value = None
             except BaseException as exc:
                 error = exc
+
+    @staticmethod
+    async def _overlapped(master: MasterClient, step: Overlapped) -> tuple[Any, Any]:
+        """An Overlapped step: the call started as a task and let run to its first wait (the
+        request is sent), `meanwhile` run on the loop, then the reply awaited."""
+        task = asyncio.ensure_future(master.run(step.call))
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            task.cancel()
+            raise
+        outcome = run_meanwhile(step.meanwhile)
+        return await task, outcome
 
     async def _transfer_all(self, transfers: Sequence[Transfer]) -> list[MooncakeError | None]:
         return await self._tcp.exchange_many(

@@ -31,6 +31,7 @@ from mooncake_store.client.metadata import MetadataFlows
 from mooncake_store.client.ranges import RangeFlows
 from mooncake_store.client.reads import ReadFlows
 from mooncake_store.client.shm import ShmMapper
+from mooncake_store.client.speculative import LocationCache
 from mooncake_store.client.types import ReplicaLocation, Retry
 from mooncake_store.client.writes import WriteFlows
 from mooncake_store.common.errors import InvalidArgumentError
@@ -91,6 +92,8 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
         self._master: MasterClient | None = None
         #: The same-host transport: node pools mapped into this process (client/shm.py).
         self.shm = ShmMapper()
+        #: Where keys put or read here live in same-host pools (client/speculative.py).
+        self._locations = LocationCache()
         self._pinned = PinnedStaging()
         #: Allocation leases (client/leases.py): one master round trip per steady put.
         self._leases: LeasePool | None = LeasePool() if leases else None
@@ -98,11 +101,13 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
         #: Transfers by data path, and replicas that failed their checksum on read.
         #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by
         #: endpoint (framed_calls, grpc_calls).  Objects whose every replica failed its
-        #: checksum, reported to the master for deletion (corrupt_reported).
+        #: checksum, reported to the master for deletion (corrupt_reported).  Reads served
+        #: by a copy overlapped with the lookup, and those whose copy was refused and read
+        #: again (speculative_reads, speculative_misses; client/speculative.py).
         self.counters: dict[str, int] = dict.fromkeys(
             ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
              "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls", "leased_puts",
-             "corrupt_reported", "put_conflicts"), 0,
+             "corrupt_reported", "put_conflicts", "speculative_reads", "speculative_misses"), 0,
         )  # fmt: skip
 
     @property

@@ -257,7 +257,8 @@ class BlockingFramedChannel:
     thread): a call is a send and a receive, with no event loop between the caller and the
     socket.  A call that times out before any of its reply arrived leaves the channel usable
     (the late reply is skipped by the next call); any other failure leaves it unusable
-    (`broken`), and the caller drops it."""
+    (`broken`), and the caller drops it.  `send` and `receive` are the two halves of `call`,
+    for a caller that works while the master answers (the sync Client's Overlapped steps)."""
 
     def __init__(self, sock: socket.socket, address: str, *, max_frame_bytes: int) -> None:
         self.sock = sock
@@ -326,6 +327,16 @@ class BlockingFramedChannel:
             CallTimeoutError: no reply within the socket's timeout.
             FramedCallError: the master answered with an error status.
         """
+        return self.receive(name, self.send(name, request))
+
+    def send(self, name: str, request: Message) -> int:
+        """Send one call and return its id, for `receive` (the caller may do other work in
+        between: the reply waits in the socket).  Every sent call must be received, or
+        `abandon`ed.
+
+        Raises:
+            ChannelClosedError: the request could not be sent (`sent` False).
+        """
         if self.broken or self._closed_by_peer():
             self.broken = True
             raise ChannelClosedError(f"framed connection to {self.address} is closed", sent=False)
@@ -340,6 +351,20 @@ class BlockingFramedChannel:
             raise ChannelClosedError(
                 f"sending to {self.address} failed: {exc}", sent=False
             ) from exc
+        return call_id
+
+    def abandon(self, call_id: int) -> None:
+        """Give up on a sent call without reading its reply (the next call skips it)."""
+        self._abandoned.add(call_id)
+
+    def receive(self, name: str, call_id: int) -> Message:
+        """Read the reply of the call `send` sent as `call_id`.
+
+        Raises:
+            ChannelClosedError: the connection failed after the request went out (`sent` True).
+            CallTimeoutError: no reply within the socket's timeout.
+            FramedCallError: the master answered with an error status.
+        """
         while True:
             try:
                 reply_id, status, body = self._read_frame()

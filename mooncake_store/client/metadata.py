@@ -17,6 +17,7 @@ from mooncake_store.client.master_client import (
     list_keys_call,
     remove_call,
 )
+from mooncake_store.client.speculative import LocationCache
 from mooncake_store.client.steps import Flow
 from mooncake_store.client.types import ClusterStats, KeyInfo, NodeStatus, ObjectInfo
 from mooncake_store.common.errors import InvalidArgumentError, MooncakeError, ObjectNotFoundError
@@ -31,12 +32,15 @@ T = TypeVar("T")
 class MetadataFlows:
     """The metadata flows (a mixin of ClientFlows, flows.py)."""
 
+    _locations: LocationCache  # keys removed here are forgotten (speculative.py)
+
     def exists_many_flow(self, keys: Sequence[str]) -> Flow[list[bool]]:
         keys = [validate_key(k) for k in keys]
         return (yield exists_call(keys))  # type: ignore[no-any-return]
 
     def remove_many_flow(self, keys: Sequence[str]) -> Flow[list[bool]]:
         keys = [validate_key(k) for k in keys]
+        self._locations.drop(keys)
         out = []
         for err in (yield remove_call(keys)):
             if err is not None and not isinstance(err, ObjectNotFoundError):
@@ -48,6 +52,7 @@ class MetadataFlows:
         self, keys: Sequence[str], force: bool
     ) -> Flow[list[MooncakeError | None]]:
         keys = [validate_key(k) for k in keys]
+        self._locations.drop(keys)
         return (yield remove_call(keys, unless_leased=not force))  # type: ignore[no-any-return]
 
     def describe_flow(self, keys: Sequence[str]) -> Flow[list[ObjectInfo | None]]:

@@ -6,6 +6,15 @@ to the next replica on any failure, and once to fresh replica lists when a grant
 A read's destination is a list of parts (one part for a plain get_into): a scatter-gather read
 (`get_many_into_parts`, Mooncake's multi-buffer gets) scatters the object over them straight
 from the pool or the TCP reply, verified as one object, with no staging buffer.
+
+A host-buffer `get_into` / `get_many_into` whose every key the client remembers in a pool
+mapped here (it put or read them) is speculative (speculative.py): the copy from the
+remembered extent runs while the lookup is on its way, and its bytes are returned only if
+the master's reply has the cached size and checksum, lists a replica at the same (segment,
+offset) whose grant names the same nonzero put generation, and the bytes copied hash to that
+checksum: then, when the master answered, the object had been at that extent since before the
+copy began.  Otherwise the read goes on the normal way from the reply in hand.  A failed read
+leaves its buffer's contents unspecified.
 """
 
 from __future__ import annotations
@@ -29,9 +38,9 @@ from mooncake_store.client.master_client import (
     report_corrupt_call,
 )
 from mooncake_store.client.recv_pipeline import PipelinedReceive
+from mooncake_store.client.speculative import SpeculativeReads
 from mooncake_store.client.steps import (
     Flow,
-    LocalPools,
     MapPools,
     Transfer,
     Transfers,
@@ -57,7 +66,7 @@ from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
 
 
-class ReadFlows(LocalPools):
+class ReadFlows(SpeculativeReads):
     """Read operations (a mixin of ClientFlows, flows.py: the state is its)."""
 
     counters: dict[str, int]
@@ -67,7 +76,7 @@ class ReadFlows(LocalPools):
     def get_many_flow(self, keys: Sequence[str], fingerprint: bytes) -> Flow[list[bytes]]:
         keys = [validate_key(k) for k in keys]
         infos = self._checked(keys, (yield get_replica_list_call(keys, fingerprint)))
-        out: list[bytes | None] = [self._take_local(i) for i in infos]
+        out: list[bytes | None] = list(map(self._take_local, keys, infos))
         remote = [n for n, data in enumerate(out) if data is None]
         if remote:
             # Read through warm staging buffers, then one copy into the new bytes.
@@ -119,6 +128,11 @@ class ReadFlows(LocalPools):
         views, devices = self._targets(buffers)
         staged = devices  # every pinned staging buffer goes back, used or not
         try:
+            plan = None
+            if not devices and lookup is get_replica_list_call:
+                plan = self._speculation(keys, views)
+            if plan is not None:  # every key remembered here: copy while the master looks up
+                return (yield from self._read_speculative(keys, views, plan, fingerprint))
             results = yield lookup(keys, fingerprint)
             infos = self._checked(keys[: len(results)], results)
             done = yield from self._read_devices(keys, infos, devices)
@@ -293,7 +307,7 @@ class ReadFlows(LocalPools):
         errors: list[MooncakeError | None] = [None] * len(trimmed)
         remote = [
             n for n, (info, parts) in enumerate(zip(infos, trimmed, strict=False))
-            if not self._read_local(info, parts)
+            if not self._read_local(keys[n], info, parts)
         ]  # fmt: skip
         if remote:
             last = yield from self._read_remote(
@@ -391,6 +405,7 @@ class ReadFlows(LocalPools):
                     digest = copy_parts_checksum(dest, split_like(src, dest))
                     last[n] = self._verified(key, loc, info, digest)
                     if last[n] is None:
+                        self._remember(key, loc, info.size_bytes, info.checksum)
                         break
                     failed[n].append(loc)
             results: list[MooncakeError | None] = []
@@ -432,7 +447,7 @@ class ReadFlows(LocalPools):
             f"replica of {key!r} on node {loc.node_id} failed its checksum"
         )
 
-    def _read_local(self, info: ReplicaList, dest: list[memoryview]) -> bool:
+    def _read_local(self, key: str, info: ReplicaList, dest: list[memoryview]) -> bool:
         """Copy from an already-mapped same-host replica; False means: take the full path."""
         for loc in info.replicas:
             pool = self._mapped(loc)
@@ -441,11 +456,12 @@ class ReadFlows(LocalPools):
                 if copy_parts_checksum(dest, split_like(src, dest)) == info.checksum:
                     self.counters["shm_reads"] += 1
                     self.counters["dram_reads"] += 1
+                    self._remember(key, loc, info.size_bytes, info.checksum)
                     return True
                 return False  # the full path retries every replica and reports the failure
         return False
 
-    def _take_local(self, info: ReplicaList) -> bytes | None:
+    def _take_local(self, key: str, info: ReplicaList) -> bytes | None:
         """New bytes copied straight from an already-mapped same-host replica, verified; None
         means: take the full path."""
         for loc in info.replicas:
@@ -455,6 +471,7 @@ class ReadFlows(LocalPools):
                 if checksum(data) == info.checksum:
                     self.counters["shm_reads"] += 1
                     self.counters["dram_reads"] += 1
+                    self._remember(key, loc, info.size_bytes, info.checksum)
                     return data
                 return None
         return None

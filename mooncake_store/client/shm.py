@@ -29,7 +29,11 @@ class ShmMapper:
 
     def cached(self, loc: ReplicaLocation) -> memoryview | None:
         """The mapped pool of `loc`'s segment, if it is mapped already."""
-        entry = self._maps.get(loc.segment_id)
+        return self.segment(loc.segment_id)
+
+    def segment(self, segment_id: int) -> memoryview | None:
+        """The mapped pool of `segment_id`, if it is mapped already."""
+        entry = self._maps.get(segment_id)
         return entry[1] if entry is not None else None
 
     def worth_probing(self, loc: ReplicaLocation) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from mooncake_store.client.async_client import DEFAULT_MASTER, AsyncClient
@@ -27,7 +27,7 @@ from mooncake_store.client.framed_channel import (
 )
 from mooncake_store.client.master_client import MasterCall, MasterClient
 from mooncake_store.client.ranges import Range, ReadSession
-from mooncake_store.client.steps import Flow, Transfer, Transfers
+from mooncake_store.client.steps import Flow, Overlapped, Transfer, Transfers, run_meanwhile
 from mooncake_store.client.tcp_blocking import BlockingNodeConnections
 from mooncake_store.client.types import (
     ClusterStats,
@@ -109,6 +109,8 @@ class Client:
             try:
                 if isinstance(step, MasterCall):
                     value = self._master_call(step)
+                elif isinstance(step, Overlapped):
+                    value = self._overlapped(step)
                 elif isinstance(step, Transfers):
                     value = self._transfer_all(step.transfers)
                 else:
@@ -136,6 +138,31 @@ class Client:
         return nodes.exchange_many(
             [(t.loc, t.op, t.buffer) for t in transfers], [t.hasher for t in transfers]
         )
+
+    def _overlapped(self, step: Overlapped) -> tuple[Any, Any]:
+        """An Overlapped step: the call sent on this thread's framed socket, `meanwhile` run,
+        then the reply read.  Where the call cannot go that way (no framed channel, a batch
+        sent as slices, the channel found closed), meanwhile and the plain call, one after
+        the other: the same result, without the overlap."""
+        outcome: list[Any] = []
+
+        def meanwhile() -> None:
+            outcome.append(run_meanwhile(step.meanwhile))
+
+        call = step.call
+        channel = self._channel()
+        if channel is None or call.slices(self._master().max_batch_items):
+            meanwhile()
+            return self._master_call(call), outcome[0]
+        try:
+            reply = self._master_call_once(call, channel, meanwhile)
+        except InvalidArgumentError as exc:
+            if not self._master().refused_batch(call, exc):
+                raise
+            reply = self._master_call(call)
+        if not outcome:  # not sent on the socket: the call went the async way
+            meanwhile()
+        return reply, outcome[0]
 
     def _master_call(self, call: MasterCall[T]) -> T:
         """One master call; a batch over the master's cap goes as slices, one after the other
@@ -172,13 +199,26 @@ class Client:
                 raise
             return self._master_call(call)
 
-    def _master_call_once(self, call: MasterCall[T], channel: BlockingFramedChannel | None) -> T:
-        """One master call on this thread's blocking framed socket.  What may be tried again
-        (see `Retry`) goes to the async path, which retries, reconnects and asks the master
-        for its endpoint again; what may not raises here."""
+    def _master_call_once(
+        self,
+        call: MasterCall[T],
+        channel: BlockingFramedChannel | None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> T:
+        """One master call on this thread's blocking framed socket; `meanwhile`, if given, runs
+        once the request is sent, before the reply is read.  What may be tried again (see
+        `Retry`) goes to the async path, which retries, reconnects and asks the master for its
+        endpoint again; what may not raises here."""
         if channel is not None:
             try:
-                reply = channel.call(call.name, call.request)
+                call_id = channel.send(call.name, call.request)
+                if meanwhile is not None:
+                    try:
+                        meanwhile()
+                    except BaseException:  # an interrupt: the reply is skipped by the next call
+                        channel.abandon(call_id)
+                        raise
+                reply = channel.receive(call.name, call_id)
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:

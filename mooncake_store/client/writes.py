@@ -31,9 +31,9 @@ from mooncake_store.client.master_client import (
     put_start_call,
     report_corrupt_call,
 )
+from mooncake_store.client.speculative import LocationMemory
 from mooncake_store.client.steps import (
     Flow,
-    LocalPools,
     MapPools,
     Transfer,
     Transfers,
@@ -87,7 +87,7 @@ class _Pending:
         )
 
 
-class WriteFlows(LocalPools):
+class WriteFlows(LocationMemory):
     """Write operations (a mixin of ClientFlows, flows.py: the state is its)."""
 
     replicas: int | None
@@ -174,6 +174,7 @@ class WriteFlows(LocalPools):
         two_phase = (yield from self._put_leased(pending, committed)) if leasing else pending
         if two_phase:
             yield from self._put_two_phase(two_phase, committed, leasing)
+        self._remember_puts(pending, committed)
         failed = {p.key: p.error for p in pending if p.error is not None}
         if failed and not outcomes:
             raise next(iter(failed.values()))
@@ -187,6 +188,19 @@ class WriteFlows(LocalPools):
             else:  # a repeat within the batch
                 results.append(PutResult(key, 0, True))
         return results
+
+    def _remember_puts(self, pending: list[_Pending], committed: dict[str, int]) -> None:
+        """Remember where the committed puts landed in same-host pools (client/speculative.py:
+        a write grant names its put's generation, a leased one its lease's, the object's)."""
+        for p in pending:
+            if p.key not in committed or p.plan is None or p.plan.already_exists:
+                continue
+            failed = p.failed or ()
+            for loc in p.plan.replicas:
+                if loc.segment_id not in failed and self._remember(
+                    p.key, loc, p.spec.size_bytes, p.checksum
+                ):
+                    break
 
     def _put_two_phase(
         self, pending: list[_Pending], committed: dict[str, int], leasing: bool

@@ -7,7 +7,9 @@ and that the access lies inside the granted extent, so a client can touch only a
 master told it about, and only while its put window or read lease lasts.  Expiry is wall-clock
 (milliseconds since the epoch), so master and nodes on different hosts need synchronised clocks.
 
-A WRITE grant also names its put's `generation` (unique per put in the master's lifetime).  A
+A WRITE grant also names its put's `generation` (unique per put in the master's lifetime; a
+READ grant names the generation of the put that stored the object, 0 for an object restored
+from RocksDB or adopted from a node's inventory, and nodes ignore it on reads).  A
 node seals the bytes each write put in place against its generation, so a grant never writes
 the same byte twice; and the master gives each node write fences per segment (`WriteFence`, in
 the mount reply and pushed after puts end): generations below `floor` are ended unless listed
@@ -40,7 +42,7 @@ class Grant:
     size_bytes: int
     expires_ms: int
     mode: GrantMode
-    generation: int = 0  # the put a WRITE grant belongs to (0: none)
+    generation: int = 0  # the put of a WRITE grant, or that stored a READ grant's object (0: none)
 
     def covers(self, offset: int, size_bytes: int, mode: GrantMode) -> bool:
         """True when [offset, offset+size_bytes) lies in the grant and `mode` is allowed."""
@@ -107,6 +109,17 @@ def grant_expires_ms(blob: bytes) -> int | None:
     if len(blob) != GRANT_BYTES:
         return None
     return int(_BODY.unpack_from(blob)[3])
+
+
+def grant_generation(blob: bytes) -> int:
+    """The put generation a grant names, unverified (0: none, or the blob is not a grant).
+
+    A client cannot verify a grant (the node's secret signs it); it only compares what two
+    grants from its master name: the WRITE grant of its put and a later READ grant of the
+    object both name that put's generation (client/speculative.py)."""
+    if len(blob) != GRANT_BYTES:
+        return 0
+    return int(_BODY.unpack_from(blob)[5])
 
 
 @dataclass(frozen=True, slots=True)

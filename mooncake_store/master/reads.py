@@ -36,6 +36,7 @@ class ReadResult(NamedTuple):
     tag: bytes
     parent_key: str
     live: list[tuple[Segment, Replica]]
+    generation: int  # the put that stored it (its READ grants name it; 0: restored/adopted)
 
 
 class ObjectReads(PutLifecycle):
@@ -106,8 +107,9 @@ class ObjectReads(PutLifecycle):
         cold = self._cold.get(slot)
         tag = b"" if cold is None else cold.tag
         return ReadResult(
-            self._size[slot], self._checksum[slot], lease, tag, self._parent[slot], live
-        )
+            self._size[slot], self._checksum[slot], lease, tag, self._parent[slot], live,
+            self._gen[slot],
+        )  # fmt: skip
 
     def get_replicas(
         self, key: str, fingerprint: bytes = b""

@@ -44,10 +44,9 @@ class ReadMethods(ServicerBase):
             out.tag = found.tag
         if found.parent_key:
             out.parent_key = found.parent_key
-        for seg, r in found.live:
-            _fill_location(
-                out.replicas.add(), seg, r, size_bytes, found.lease_until_s, GrantMode.READ
-            )
+        for seg, r in found.live:  # the grants name the put's generation (client/speculative.py)
+            _fill_location(out.replicas.add(), seg, r, size_bytes, found.lease_until_s,
+                           GrantMode.READ, found.generation)  # fmt: skip
         return out
 
     async def _replica_lists(
