@@ -66,20 +66,20 @@ class Stall:
 def stall_on(cluster, monkeypatch):
     """stall_on("BatchPutEnd") arms a Stall on both clients' framed channels."""
     stalls: list[Stall] = []
-    blocking_call = BlockingFramedChannel.call
+    blocking_send = BlockingFramedChannel.send  # the sync client's calls all go out here
     async_call = FramedChannel.call
 
     def blocking(self, name, request):
         for s in stalls:
             s.maybe_fire(name)
-        return blocking_call(self, name, request)
+        return blocking_send(self, name, request)
 
     async def pipelined(self, name, request, timeout_s):
         for s in stalls:
             s.maybe_fire(name)
         return await async_call(self, name, request, timeout_s)
 
-    monkeypatch.setattr(BlockingFramedChannel, "call", blocking)
+    monkeypatch.setattr(BlockingFramedChannel, "send", blocking)
     monkeypatch.setattr(FramedChannel, "call", pipelined)
 
     def arm(method: str) -> Stall:
