@@ -16,7 +16,9 @@ learnt from that put (its WRITE grant) or a read of its object, so the extent wa
 it before the copy began; the reply shows it still there when the master answered; so through
 the copy the extent held that object, whose bytes were complete before it was committed.  The
 checksum of the bytes as they landed in the caller's buffer then checks them as every read
-does (a same-host writer outside the grants, a torn copy).  A removed key (not found), a key
+does (a same-host writer outside the grants, a torn copy; and the one case the generation
+cannot rule out, a replica of the object moved away and copied back into the same extent
+during the lookup, whose copy may have read another object's bytes meanwhile).  A removed key (not found), a key
 put again (another generation, wherever it landed), an extent given to another key (another
 generation, or not listed), an object moved (another extent) all miss.
 
