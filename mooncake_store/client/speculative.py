@@ -18,9 +18,9 @@ the copy the extent held that object, whose bytes were complete before it was co
 checksum of the bytes as they landed in the caller's buffer then checks them as every read
 does (a same-host writer outside the grants, a torn copy; and the one case the generation
 cannot rule out, a replica of the object moved away and copied back into the same extent
-during the lookup, whose copy may have read another object's bytes meanwhile).  A removed key (not found), a key
-put again (another generation, wherever it landed), an extent given to another key (another
-generation, or not listed), an object moved (another extent) all miss.
+during the lookup, whose copy may have read another object's bytes meanwhile).  A removed
+key (not found), a key put again (another generation, wherever it landed), an extent given to
+another key (another generation, or not listed), an object moved (another extent) all miss.
 
 A miss, or a copy that failed (`meanwhile` raised), falls through to the normal read with the
 reply already in hand (no second lookup), and the entry is dropped (a local read learns it
