@@ -45,11 +45,9 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
     copy is numpy's, which releases the GIL, so the threads of one process copy in parallel.
 
     One core copies cold memory at ~13 GB/s here, short of what the memory system gives two.
-    From 4 MiB, when the process's copy helper is free, it copies and hashes chunks from the
-    back while this thread copies and hashes chunks from the front, until they meet (the chunks
-    are independent): the thread that gets less of a core (the helper shares one with the
-    master answering an overlapped lookup, say) takes fewer.  Busy (another thread of the
-    process is using it), the copy stays in this thread.
+    From 4 MiB, when the process's copy helper is free, it copies and hashes the back half
+    while this thread copies and hashes the front half (the chunks are independent); busy
+    (another thread of the process is using it), the copy stays in this thread.
     """
     n = len(src)
     if len(dest) != n:
@@ -62,21 +60,13 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
     if n <= _FUSE_CHUNK:
         np.copyto(to, frm)
         return chunk_digest(dest)
-    claims = _HELPER.start(to, frm) if n >= _SPLIT_COPY else None
-    if claims is None:
-        return combine(_copy_hashed(np.copyto, to, frm), n)
-    digests = [0] * claims.chunks
+    half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
+    split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half) else n
     try:
-        while (i := claims.front()) is not None:
-            start = i * _FUSE_CHUNK
-            stop = min(start + _FUSE_CHUNK, n)
-            np.copyto(to[start:stop], frm[start:stop])
-            digests[i] = chunk_digest(to[start:stop])
+        digests = _copy_hashed(np.copyto, to[:split], frm[:split])
     finally:
-        back = _HELPER.wait()
-    for i, digest in back.items():
-        digests[i] = digest
-    return combine(digests, n)
+        back = _HELPER.wait() if split < n else []
+    return combine(digests + back, n)
 
 
 def _copy_hashed(copy: Any, to: np.ndarray, frm: np.ndarray) -> list[int]:
@@ -160,68 +150,41 @@ def parts_checksum(parts: Sequence[memoryview]) -> int:
     return h.intdigest()
 
 
-class _Claims:
-    """The chunks of one split copy, taken from the front (the caller) and from the back (the
-    helper) until none is left; each chunk is copied and hashed by exactly one thread."""
-
-    def __init__(self, chunks: int) -> None:
-        self.chunks = chunks
-        self._front = 0
-        self._back = chunks - 1  # the helper's first chunk, taken at the start
-        self._lock = threading.Lock()
-
-    def front(self) -> int | None:
-        with self._lock:
-            if self._front >= self._back:
-                return None
-            self._front += 1
-            return self._front - 1
-
-    def back(self) -> int | None:
-        with self._lock:
-            if self._back <= self._front:
-                return None
-            self._back -= 1
-            return self._back
-
-
 class _CopyHelper:
-    """One thread per process that copies and hashes chunks of a big buffer from its back (see
-    copy_checksum).  At most one caller uses it at a time; the others copy alone rather than
-    queue."""
+    """One thread per process that copies and hashes the back half of a big buffer (see
+    copy_checksum).
+    At most one caller uses it at a time; the others copy alone rather than queue."""
 
     def __init__(self) -> None:
         self._busy = threading.Lock()  # held by the caller using the helper
         self._start = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
-        self._job: tuple[np.ndarray, np.ndarray, _Claims] | None = None
-        self._digests: dict[int, int] = {}
+        self._job: tuple[np.ndarray, np.ndarray] | None = None
+        self._digests: list[int] = []
         self._error: BaseException | None = None
         self._pid = 0  # the thread does not survive a fork: start one per process
-        self.splits = 0  # copies it took part of
+        self.splits = 0  # copies it took half of
         self._copy = np.copyto  # what the helper copies with (a test makes it fail)
 
-    def start(self, to: np.ndarray, frm: np.ndarray) -> _Claims | None:
-        """Have the helper copy `frm` -> `to` from the back, the last chunk first, while the
-        caller takes the chunks of the returned claims from the front; None when it is busy."""
+    def start(self, to: np.ndarray, frm: np.ndarray, split: int) -> bool:
+        """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
         if not self._busy.acquire(blocking=False):
-            return None
+            return False
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._start, self._done = threading.Semaphore(0), threading.Semaphore(0)
             threading.Thread(target=self._run, name="mooncake-copy", daemon=True).start()
-        claims = _Claims(-(-len(frm) // _FUSE_CHUNK))
-        self._job = (to, frm, claims)
+        self._job = (to[split:], frm[split:])
         self.splits += 1
         self._start.release()
-        return claims
+        return True
 
-    def wait(self) -> dict[int, int]:
-        """Wait for the helper's chunks and return their digests by chunk index; raise what
-        the helper's copy raised."""
+    def wait(self) -> list[int]:
+        """Wait for the back half and return its chunk digests; raise what the helper's copy
+        raised."""
         self._done.acquire()
         error, self._error, self._job = self._error, None, None
-        digests, self._digests = self._digests, {}
+        digests, self._digests = self._digests, []
         self._busy.release()
         if error is not None:
             raise error
@@ -234,14 +197,7 @@ class _CopyHelper:
             try:
                 job = self._job
                 if job is not None:
-                    to, frm, claims = job
-                    i: int | None = claims.chunks - 1  # taken for it at the start
-                    while i is not None:
-                        at = i * _FUSE_CHUNK
-                        stop = min(at + _FUSE_CHUNK, len(frm))
-                        self._copy(to[at:stop], frm[at:stop])
-                        self._digests[i] = chunk_digest(to[at:stop])
-                        i = claims.back()
+                    self._digests = _copy_hashed(self._copy, job[0], job[1])
             except BaseException as exc:  # the caller raises it: never a silent short copy
                 self._error = exc
             finally:

@@ -245,3 +245,19 @@ def test_reads_racing_removes_and_puts_get_one_value_whole_or_not_found(tmp_path
                 t.join()
     assert bad == []
     assert a.counters["speculative_reads"] > 0
+
+
+def test_a_batch_sent_as_slices_copies_first_then_looks_up(tmp_path):
+    """A batch over the master's cap goes as slices: no overlap, the same result."""
+    values = {f"s/{i}": os.urandom(SIZE) for i in range(5)}
+    args = [*FAST_MASTER, "--max-batch-items", "2"]
+    with (
+        InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as small,
+        Client(small.master_address) as a,
+    ):
+        a.put_many(values)
+        outs = [bytearray(SIZE) for _ in values]
+        calls = a.counters["framed_calls"]
+        assert a.get_many_into(list(values), outs) == [SIZE] * 5
+        assert [bytes(o) for o in outs] == list(values.values())
+        assert spec(a) == (5, 0) and a.counters["framed_calls"] == calls + 3
