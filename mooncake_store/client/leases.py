@@ -13,10 +13,11 @@ half-life (the rest is margin for the copy and the commit), and gives back the o
 with its next leased put.  The master grants leases from free room only and takes them back
 when a put needs the room (master/leases.py): a class it granted fewer than asked is not asked
 for more for `REFUSED_FOR_S`.  Leases are on by default (`Client(leases=False)` opts out); the
-master ends a client's unused leases when its connection closes.  Only TCP writers lease: a
-client that copies into a same-host pool stops leasing (`LeasePool.stop`), since such a copy
-meets no grant, seal or fence and would land on another put's block if the master had taken
-the lease back.
+master ends a client's unused leases when its connection closes.  A client on a node's host
+copies into its lease through shared memory, which the node's gate does not see: it copies
+only while the write fence the node shows in shared memory admits the lease's generation
+(common/shm_fence.py), so a lease the master has taken back is written over TCP instead, where
+the node refuses it, and the put is retried two-phase.
 """
 
 from __future__ import annotations
@@ -65,29 +66,9 @@ class LeasePool:
         self._granted_at_most: dict[tuple[int, int], tuple[int, float]] = {}
         self._stale: list[str] = []  # leases past their use, to give back
         self._lock = threading.Lock()
-        # Set once the client copies a value into a same-host pool: see `stop`.
-        self.stopped = False
-
-    def stop(self) -> list[str]:
-        """No more leases for this client: it writes into same-host pools by plain copies
-        (shared memory), which no write grant, seal or fence governs.  The master may take an
-        unused lease back (its room wanted by another put, the client's connection closed,
-        the master restarted) and give its extent to another put before this client hears of
-        it; a TCP write into it is then refused by the node, but a copy would land on the
-        other put's acknowledged block.  Returns every lease held or waiting to be given back
-        (the caller gives them back now)."""
-        with self._lock:
-            self.stopped = True
-            ids = [lease.lease_id for held in self._held.values() for lease in held]
-            ids += self._stale
-            self._held.clear()
-            self._stale = []
-        return ids
 
     def take(self, specs: Sequence[PutSpec]) -> list[Lease] | None:
         """A lease for every spec, or None (then none is taken)."""
-        if self.stopped:
-            return None
         now = time.monotonic()
         need: dict[tuple[int, int], int] = {}
         for spec in specs:
@@ -105,8 +86,6 @@ class LeasePool:
 
     def wanted(self, specs: Sequence[PutSpec]) -> list[pb.LeaseRequest]:
         """What to ask for to serve the next batch like `specs` from leases."""
-        if self.stopped:
-            return []
         counts: dict[tuple[int, int], int] = {}
         for spec in specs:
             cls = (spec.size_bytes, spec.replicas)

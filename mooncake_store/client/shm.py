@@ -14,6 +14,7 @@ import socket
 
 from mooncake_store.client.cuda import forget_pool
 from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.shm_fence import FenceView
 from mooncake_store.common.shm_handoff import HELLO, HandoffRefused, parse_hello
 
 log = logging.getLogger("mooncake.client")
@@ -24,6 +25,7 @@ class ShmMapper:
 
     def __init__(self) -> None:
         self._maps: dict[int, tuple[mmap.mmap, memoryview]] = {}
+        self._fences: dict[int, FenceView] = {}  # segment id -> its node's write fence page
         self._node_segment: dict[str, int] = {}
         self._remote: set[str] = set()
 
@@ -35,6 +37,12 @@ class ShmMapper:
         """The mapped pool of `segment_id`, if it is mapped already."""
         entry = self._maps.get(segment_id)
         return entry[1] if entry is not None else None
+
+    def admits(self, segment_id: int, generation: int) -> bool | None:
+        """Whether the write fences a mapped pool's node shows now admit a grant of put
+        `generation` (common/shm_fence.py); None when it handed over no page."""
+        page = self._fences.get(segment_id)
+        return None if page is None else page.admits(generation)
 
     def worth_probing(self, loc: ReplicaLocation) -> bool:
         """False when `loc`'s node is known to be on another host, or refused us its pool."""
@@ -50,7 +58,7 @@ class ShmMapper:
         sock.settimeout(2.0)
         try:
             sock.connect("\0" + loc.shm_socket)
-            msg, fds, _, _ = socket.recv_fds(sock, HELLO.size, 1)
+            msg, fds, _, _ = socket.recv_fds(sock, HELLO.size, 2)
         except OSError as exc:
             if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
                 self._remote.add(loc.shm_socket)
@@ -58,7 +66,7 @@ class ShmMapper:
         finally:
             sock.close()
         try:
-            segment_id, size, fd = parse_hello(msg, fds)
+            segment_id, size, fd, fence_fd = parse_hello(msg, fds)
         except HandoffRefused:
             log.info("node %s keeps its pool to its own uid (and group): using TCP", loc.node_id)
             self._remote.add(loc.shm_socket)  # it will refuse again: do not ask every time
@@ -66,8 +74,16 @@ class ShmMapper:
         except ValueError as exc:
             log.warning("node %s: %s; using TCP", loc.node_id, exc)
             return None
+        fence: FenceView | None = None
+        if fence_fd is not None:
+            try:
+                fence = FenceView(fence_fd)  # closes the descriptor
+            except (OSError, ValueError, OverflowError) as exc:
+                log.warning("node %s: its write fences cannot be mapped (%s)", loc.node_id, exc)
         try:
             if segment_id != loc.segment_id:
+                if fence is not None:
+                    fence.close()
                 return None
             mapping = mmap.mmap(
                 fd,
@@ -77,11 +93,15 @@ class ShmMapper:
             )
         except (OSError, ValueError, OverflowError) as exc:
             log.warning("cannot map the pool of node %s (%s); using TCP", loc.node_id, exc)
+            if fence is not None:
+                fence.close()
             return None
         finally:
             os.close(fd)
         view = memoryview(mapping)
         self._maps[segment_id] = (mapping, view)
+        if fence is not None:
+            self._fences[segment_id] = fence
         # A node seen with a new segment restarted: its old pool is dead, and holding the
         # mapping would keep the whole pool's memory alive.
         previous = self._node_segment.get(loc.node_id)
@@ -94,6 +114,9 @@ class ShmMapper:
         return list(self._maps)
 
     def _unmap(self, segment_id: int) -> None:
+        fence = self._fences.pop(segment_id, None)
+        if fence is not None:
+            fence.close()
         entry = self._maps.pop(segment_id, None)
         if entry is None:
             return

@@ -51,6 +51,7 @@ from mooncake_store.common.errors import (
     MooncakeError,
     ObjectConflictError,
 )
+from mooncake_store.common.grant import grant_generation
 from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
 
@@ -67,6 +68,7 @@ class _Pending:
     error: MooncakeError | None = None
     checksum: int = 0
     device: Any = None  # a device value (flat uint8 cupy view); `parts` empty until needed
+    leased: bool = False  # written into a lease (plan: the lease's extents)
 
     def host_parts(self) -> list[memoryview]:
         """The value in host memory: a device value is copied to the host the first time."""
@@ -233,14 +235,6 @@ class WriteFlows(LocationMemory):
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
         if to_end:
-            if (
-                self._leases is not None
-                and not self._leases.stopped
-                and any(self._copies_to_this_host(p.plan.replicas) for p in to_end if p.plan)
-            ):
-                held = self._leases.stop()
-                if held:
-                    yield from self._give_back(held)
             items = [(p.key, p.checksum, p.failed or ()) for p in to_end]
             wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
             if leasing and wanted:
@@ -270,11 +264,9 @@ class WriteFlows(LocationMemory):
         # Probe the leases' nodes first (once per pool): a node on another host is not mapped
         # and its lease is written over TCP, which the node checks.
         yield MapPools([loc for lease in leases for loc in lease.locations])
-        if any(self._copies_to_this_host(lease.locations) for lease in leases):
-            yield from self._give_back([lease.lease_id for lease in leases] + self._leases.stop())
-            return pending
         for p, lease in zip(pending, leases, strict=True):
             p.plan = PutPlan(False, lease.locations)
+            p.leased = True
         try:
             remote = [p for p in pending if not self._write_local(p)]
             if remote:
@@ -308,14 +300,21 @@ class WriteFlows(LocationMemory):
                 committed[p.key] = outcome.replicas
                 self.counters["leased_puts"] = self.counters.get("leased_puts", 0) + 1
         for p in redo:
-            p.plan, p.failed, p.error, p.checksum = None, None, None, 0
+            p.plan, p.failed, p.error, p.checksum, p.leased = None, None, None, 0, False
         return redo
 
-    def _copies_to_this_host(self, locations: Sequence[ReplicaLocation]) -> bool:
-        """Whether writing `locations` copies into a same-host pool this client has mapped
-        (probed by a MapPools step before): no grant guards such a copy, so this client puts
-        two-phase only (LeasePool.stop)."""
-        return any(self._mapped(loc) is not None for loc in locations)
+    def _may_copy(self, loc: ReplicaLocation, *, leased: bool) -> bool:
+        """Whether a write grant may be used by a copy into its mapped pool right now: the
+        write fence its node shows in shared memory admits the grant's put generation
+        (common/shm_fence.py), checked right before the copy.  A node that shows no fence takes
+        no copies into leases (they go over TCP, where it checks them)."""
+        admitted = self.shm.admits(loc.segment_id, grant_generation(loc.grant))
+        if admitted is None:
+            return not leased
+        if admitted:
+            return True
+        self.counters["copies_refused"] = self.counters.get("copies_refused", 0) + 1
+        return False
 
     def _give_back(self, lease_ids: list[str]) -> Flow[None]:
         """Release leases after a failed copy, best effort (the master reclaims them anyway)."""
@@ -386,8 +385,8 @@ class WriteFlows(LocationMemory):
             hashed = False
             for loc in p.plan.replicas:
                 pool = self._mapped(loc)
-                if pool is None:
-                    remote.append((p, loc))
+                if pool is None or not self._may_copy(loc, leased=p.leased):
+                    remote.append((p, loc))  # not here, or a grant its node's fences end
                     continue
                 self._copy_into(p, loc, pool, hash_it=not hashed)
                 hashed = True
@@ -424,6 +423,8 @@ class WriteFlows(LocationMemory):
         pools = [self._mapped(loc) for loc in p.plan.replicas]
         if any(pool is None for pool in pools):
             return False
+        if not all(self._may_copy(loc, leased=p.leased) for loc in p.plan.replicas):
+            return False  # over TCP, where the node refuses a grant of an earlier mount
         if p.device is not None and not p.parts:
             self._dma_into(p, pools)  # type: ignore[arg-type]
             p.failed = []

@@ -103,6 +103,14 @@ def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
     return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode), generation)
 
 
+def grant_generation(blob: bytes) -> int:
+    """The put generation a grant names, read without checking its signature (0: none, or not
+    a grant); for a client comparing it with what a node shows, never for trusting it."""
+    if len(blob) != GRANT_BYTES:
+        return 0
+    return int(_BODY.unpack_from(blob)[5])
+
+
 def grant_expires_ms(blob: bytes) -> int | None:
     """The expiry (wall-clock ms) a grant names, unverified (a client reading its own lease);
     None when the blob is not a grant."""

@@ -2,7 +2,8 @@
 
 On connect, the node checks the peer's credentials (`SO_PEERCRED`): a process of the node's own
 uid, or one in the node's configured group (`--shm-group`, primary or supplementary), gets
-`HELLO` (segment id, pool size) with the pool's memfd attached (SCM_RIGHTS).  Anyone else gets
+`HELLO` (segment id, pool size) with the pool's memfd attached (SCM_RIGHTS), and a read-only
+descriptor of the page that shows the node's write fences (common/shm_fence.py).  Anyone else gets
 `REFUSED` and no descriptor, and uses the TCP data path.  The rules and the parsing live here,
 with no I/O, so both ends and the tests share them.
 """
@@ -63,17 +64,20 @@ class HandoffRefused(Exception):
     """The node refused this process its pool (wrong uid and not in its shm group)."""
 
 
-def parse_hello(msg: bytes, fds: list[int]) -> tuple[int, int, int]:
-    """(segment id, size, descriptor) from a hand-off reply; closes any descriptor it rejects.
+def parse_hello(msg: bytes, fds: list[int]) -> tuple[int, int, int, int | None]:
+    """(segment id, size, pool descriptor, fence page descriptor or None) from a hand-off
+    reply; closes any descriptor it rejects.  A node sends the pool and, read-only, the page
+    of its write fences (common/shm_fence.py); one that sends no page gets no copies into
+    leases (the client writes them over TCP).
 
     Raises:
         HandoffRefused: the node said REFUSED.
-        ValueError: anything else that is not one HELLO with one descriptor.
+        ValueError: anything else that is not one HELLO with one or two descriptors.
     """
-    if len(fds) == 1 and len(msg) == HELLO.size:
+    if len(fds) in (1, 2) and len(msg) == HELLO.size:
         segment_id, size = HELLO.unpack(msg)
         if size > 0:
-            return segment_id, size, fds[0]
+            return segment_id, size, fds[0], fds[1] if len(fds) == 2 else None
     for fd in fds:
         os.close(fd)
     if not fds and msg == REFUSED:

@@ -38,6 +38,7 @@ from mooncake_store.common.errors import (
     DataPathError,
 )
 from mooncake_store.common.grant import WriteFence
+from mooncake_store.common.shm_fence import FENCE_ACK_GRACE_S
 from mooncake_store.common.wire import MAX_ERROR_BYTES, RESPONSE, Op, pack_request
 from mooncake_store.node.gpu import GpuTier
 from mooncake_store.node.nvme import NvmeTier, aligned
@@ -255,7 +256,8 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     async def FenceWrites(self, request: pb.FenceWritesRequest, context: object) -> pb.Status:
         """The master's write fences (issue 11): each replaces the segment's previous pushed
-        one (node/write_gate.py), and the seals of the generations it ends are dropped.
+        one (node/write_gate.py, which also shows it to same-host clients), and the seals of
+        the generations it ends are dropped.
         Master-signed like Fetch/Move/Release: an unsigned fence could lower the floor and
         make ended write grants work again."""
         await self._check("FenceWrites", request, context)
@@ -264,6 +266,10 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             if fence.segment_id in self.dram:
                 fenced = WriteFence(fence.floor, frozenset(fence.open))
                 self.gate.fenced(fence.segment_id, fenced, now_ms)
+        # The master frees the room of the puts a fence ends once it is acknowledged: give a
+        # same-host copy that checked the fences just before it was published time to land
+        # (common/shm_fence.py).
+        await asyncio.sleep(FENCE_ACK_GRACE_S)
         return pb.Status(code=OK)
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:

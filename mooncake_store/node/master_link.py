@@ -17,7 +17,8 @@ in `conflict`: the daemon exits with it instead of fighting the other node for t
 Each mount reply carries the first write fence of every DRAM segment (node/write_gate.py) and
 the master's signature of them, handed to `on_fences`; before mounting again a node the master
 forgot, `on_fences(None, "")` closes its segments to writes, so no grant of the forgotten mount
-lands while the mount is under way.
+lands while the mount is under way; it also closes the pool to same-host copies, and the mount
+waits `REMOUNT_GRACE_S` for a copy already started to land (common/shm_fence.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mooncake_store.common.errors import (
     SegmentNotFoundError,
 )
 from mooncake_store.common.grpc_options import message_options
+from mooncake_store.common.shm_fence import REMOUNT_GRACE_S
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 
 log = logging.getLogger("mooncake.node")
@@ -64,6 +66,7 @@ class MasterLink:
         # Called (on this link's thread) with each mount reply's fences and their signature,
         # and with None before mounting again after the master forgot the node.
         self._on_fences = on_fences
+        self._closed_at = -REMOUNT_GRACE_S  # when `_close` last closed the pool to copies
         self._max_message_bytes = max_message_bytes
         # Heartbeats and re-mounts wait this long, or the heartbeat interval when longer.
         self._call_timeout_s = call_timeout_s
@@ -147,6 +150,11 @@ class MasterLink:
 
         `keep_mounted`: an unreachable master leaves the node counted as mounted (it goes on
         heartbeating), for a mount that only asks where to heartbeat."""
+        # Closed to same-host copies a moment ago (`_close`): let a copy that checked the
+        # fences just before land before the master can hand the pool's room out again.
+        wait = self._closed_at + REMOUNT_GRACE_S - time.monotonic()
+        if wait > 0 and self._stop.wait(wait):
+            return False
         try:
             request = self._build_mount()
             reply = self._stub.MountSegment(
@@ -251,6 +259,7 @@ class MasterLink:
         """The master forgot this node (or never mounted it): refuse writes until it has."""
         if self._on_fences is not None:
             self._on_fences(None, "")
+            self._closed_at = time.monotonic()
 
     def drain(self, timeout_s: float) -> pb.DrainNodeResponse:
         """Ask the master to drain this node (or how far the drain is); raises grpc.RpcError."""

@@ -35,6 +35,7 @@ from mooncake_store.common.gpu import gpu_count
 from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
+from mooncake_store.common.shm_fence import FencePage
 from mooncake_store.common.units import format_size
 from mooncake_store.node.config import NodeConfig
 from mooncake_store.node.control import NodeControl
@@ -109,6 +110,8 @@ class StoreNode:
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="nvme-io")
         self._data_server: asyncio.Server | None = None
         self._shm: ShmServer | None = None
+        # The write fences same-host clients check before copying (common/shm_fence.py).
+        self.fence_page = FencePage()
         self._gpu_handoff: GpuHandoff | None = None
         self.control: NodeControl | None = None
         self._metrics: MetricsServer | None = None
@@ -136,6 +139,10 @@ class StoreNode:
         )
         self.access = DataAccess(self.secret, self._io)
         self.access.dram[self.segment_id] = self.pool.view
+        page, segment_id = self.fence_page, self.segment_id
+        self.access.gate.watcher = lambda seg, mount, pushed: (
+            page.publish(mount, pushed) if seg == segment_id else None
+        )  # same-host copies see every fence of the DRAM segment
         self.access.gate.close(self.segment_id)  # no client writes until the mount's fence
         self._loop = loop
         inventory_note = ""
@@ -165,7 +172,7 @@ class StoreNode:
         self._shm_name = f"mooncake-{os.getpid()}-{self.segment_id:016x}"
         self._shm = ShmServer(
             self._shm_name, self.pool.fd, self.segment_id, cfg.dram_bytes,
-            group_gid=cfg.shm_group_gid,
+            group_gid=cfg.shm_group_gid, fence_fd=self.fence_page.fd,
         )  # fmt: skip
         self._shm.start()
         if self.gpu is not None:  # same-host readers copy GPU-tier blocks device to device
@@ -444,6 +451,7 @@ class StoreNode:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        self.fence_page.close()
 
 
 async def serve(config: NodeConfig) -> None:

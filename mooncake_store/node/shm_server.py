@@ -2,7 +2,8 @@
 
 A client that can connect to the socket named in a replica location is on this host.  If the
 kernel's credentials of the peer (`SO_PEERCRED`) show the node's own uid or a member of the
-node's shm group, it receives the descriptor plus the segment id and size, maps the pool once and
+node's shm group, it receives the descriptor (and, read-only, the page of the node's write fences:
+common/shm_fence.py) plus the segment id and size, maps the pool once and
 copies directly; anyone else is told REFUSED and uses the TCP data path (see
 `common/shm_handoff.py`).  Abstract sockets live in the network namespace, so this never
 crosses hosts.
@@ -22,10 +23,21 @@ log = logging.getLogger("mooncake.node")
 
 class ShmServer:
     def __init__(
-        self, name: str, fd: int, segment_id: int, size_bytes: int, *, group_gid: int | None = None
+        self,
+        name: str,
+        fd: int,
+        segment_id: int,
+        size_bytes: int,
+        *,
+        group_gid: int | None = None,
+        fence_fd: int | None = None,
     ) -> None:
         self.name = name
         self._fd = fd
+        # The write fences' page, reopened read-only: a client cannot map it for writing.
+        self._fence_fd = (
+            -1 if fence_fd is None else os.open(f"/proc/self/fd/{fence_fd}", os.O_RDONLY)
+        )
         self._hello = HELLO.pack(segment_id, size_bytes)
         self._uid = os.getuid()
         self._group_gid = group_gid
@@ -66,7 +78,8 @@ class ShmServer:
                 )  # fmt: skip
             conn.sendall(REFUSED)
             return
-        socket.send_fds(conn, [self._hello], [self._fd])
+        fds = [self._fd] if self._fence_fd < 0 else [self._fd, self._fence_fd]
+        socket.send_fds(conn, [self._hello], fds)
         self.granted += 1
 
     def close(self) -> None:
@@ -79,3 +92,6 @@ class ShmServer:
             pass
         self._sock.close()
         self._thread.join(timeout=2)
+        if self._fence_fd >= 0:
+            os.close(self._fence_fd)
+            self._fence_fd = -1

@@ -18,6 +18,8 @@ Two rules end a WRITE grant (common/grant.py) on the node, both checked before a
   admitted only when both the mount fence and the latest pushed fence admit it: a push computed
   before the mount and delivered after it can end generations, never reopen one.  A segment
   the node is (re)mounting is `closed` (refuses every write) until the mount reply arrives.
+Every fence change also goes to `watcher`: the node shows the fences to same-host clients in
+shared memory, since their copies into the pool never reach the gate (common/shm_fence.py).
 
 A fence also ends the writes of its ended generations that are still being received: the
 master hands their extents to other puts as soon as the node has answered it, so the data paths
@@ -40,6 +42,7 @@ fence; grants bind TCP and gRPC writers only.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mooncake_store.common.grant import WriteFence
@@ -123,6 +126,9 @@ class WriteGate:
         self._seals: dict[int, dict[int, _Generation]] = {}  # segment -> generation -> writes
         self._tracked = 0  # generations in _seals, all segments
         self._sweep_at = _SWEEP_FIRST
+        # Called with (segment, mount fence, pushed fence or None) after every fence change:
+        # the node mirrors them into shared memory for same-host copies (common/shm_fence.py).
+        self.watcher: Callable[[int, WriteFence, WriteFence | None], None] | None = None
 
     # ---- fences -------------------------------------------------------------------------
 
@@ -130,6 +136,7 @@ class WriteGate:
         """Refuse every write to the segment until its mount reply (`mounted`) arrives.  One
         dict store per call: safe from the thread that mounts (node/master_link.py)."""
         self._mount[segment_id] = CLOSED
+        self._changed(segment_id)
 
     def mounted(self, segment_id: int, fence: WriteFence) -> None:
         """The fence of a mount reply: it replaces every earlier fence of the segment (a new
@@ -137,11 +144,18 @@ class WriteGate:
         the event loop (`prune`)."""
         self._mount[segment_id] = fence
         self._pushed.pop(segment_id, None)
+        self._changed(segment_id)
 
     def fenced(self, segment_id: int, fence: WriteFence, now_ms: int) -> None:
         """A fence the master pushed (FenceWrites): replaces the previous pushed one."""
         self._pushed[segment_id] = fence
+        self._changed(segment_id)
         self.prune(segment_id, now_ms)
+
+    def _changed(self, segment_id: int) -> None:
+        if self.watcher is not None:
+            mount = self._mount.get(segment_id, CLOSED)
+            self.watcher(segment_id, mount, self._pushed.get(segment_id))
 
     def ended(self, segment_id: int, generation: int) -> bool:
         """True when a fence ends `generation`'s grants in the segment."""

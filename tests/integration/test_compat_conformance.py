@@ -262,9 +262,7 @@ def test_setup_forms_and_failures(cluster):
 
 def test_setup_takes_the_leases_option(cluster):
     """Allocation leases are on by default (a put's commit brings space for the next put of
-    its size); config key "leases" (or setup(..., leases=False)) turns them off.  Leases serve
-    TCP writers only: a store on a node's host copies through shared memory, so it puts
-    two-phase and holds none (client/leases.py, LeasePool.stop)."""
+    its size); config key "leases" (or setup(..., leases=False)) turns them off."""
     from mooncake_store import Client
 
     config = {"local_hostname": "127.0.0.1", "global_segment_size": "0", "protocol": "tcp",
@@ -279,7 +277,8 @@ def test_setup_takes_the_leases_option(cluster):
         assert on.setup(config) == 0
         assert on._client._flows._leases is not None
         assert on.put("c/lease", b"l" * 5000) == 0  # same host: by shared memory
-        assert on._client._flows._leases.stopped
-        assert observer.stats().leases == before
+        assert observer.stats().leases > before  # the put's commit brought a lease
+        assert off.put("c/no-lease-2", b"n" * 5000) == 0 and on.put("c/lease-2", b"m" * 5000) == 0
+        assert on._client._flows.counters["leased_puts"] == 1
         assert off.get("c/lease") == b"l" * 5000 and on.get("c/no-lease") == b"n" * 5000
         assert off.close() == 0 and on.close() == 0

@@ -1,0 +1,150 @@
+"""The write fence in shared memory: which grants a same-host client may still copy with.
+
+A client on a node's host writes into the node's DRAM pool by a plain copy (client/shm.py),
+which the node's write gate (node/write_gate.py) never sees: it governs TCP and gRPC writes.
+Once the master has ended a put (committed, revoked, timed out, a lease taken back for room,
+or a master that restarted and hands the room out afresh), a copy under its grant would land on
+whatever block the extent holds next.
+
+So the node mirrors its gate's fences into a page of shared memory it hands to same-host clients,
+read-only, with the pool (common/shm_handoff.py): the fence of its current mount and the latest
+one the master pushed, each a floor and the generations still open below it.  A client reads the
+page right before each copy into the pool (`FenceView.admits`) and sends the write over TCP
+instead when the fences end its grant's generation; there the node refuses it, and the put is
+retried two-phase.
+
+The node makes every fence wait out a copy already under way: it acknowledges a pushed fence to
+the master only `FENCE_ACK_GRACE_S` after publishing it (the master frees an ended put's room
+on that acknowledgement, master/fences.py), and once it learns its master forgot it, it closes
+the page and waits `REMOUNT_GRACE_S` before mounting again (node/master_link.py).  A client
+stalled between its check and the end of its copy for longer than that could still land late
+(the victim's checksum then fails: lost, never misread), as any shared-memory writer could.
+
+Layout, little-endian u64 words: `seq` (odd while the node writes), the mount fence's floor and
+open count, the pushed fence's floor (0: none yet) and open count, then the mount fence's open
+generations and the pushed fence's.  Open lists that do not fit are marked `OVERFLOW`: only
+generations at or above both floors are admitted then.  A reader retries while `seq` is odd or
+changes under it (a seqlock); the lock operations around the reads and writes order them on
+weakly ordered CPUs too.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import numpy as np
+
+from mooncake_store.common.grant import WriteFence
+
+NEVER = (1 << 64) - 1  # a floor nothing reaches: the mount fence of a closed segment
+OVERFLOW = (1 << 64) - 1  # an open count: the lists did not fit
+PAGE_BYTES = 64 * 1024
+_HEADER = 5  # seq, mount floor, mount open count, pushed floor, pushed open count
+CAPACITY = PAGE_BYTES // 8 - _HEADER  # open generations the page holds, both lists together
+FENCE_ACK_GRACE_S = 0.05  # a pushed fence is acknowledged this long after it is published
+REMOUNT_GRACE_S = 0.5  # closed this long before mounting again
+_READ_TRIES = 10_000
+
+_order = threading.Lock()
+
+
+def _barrier() -> None:
+    """A lock released then taken: its release and acquire order the loads and stores around it
+    (what a seqlock needs on ARM; x86 keeps their order anyway)."""
+    _order.acquire()
+    _order.release()
+
+
+class FencePage:
+    """The node's side: the page, created with its segment closed."""
+
+    def __init__(self, name: str = "mooncake-fence") -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, PAGE_BYTES)
+            self._map = mmap.mmap(self.fd, PAGE_BYTES, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._words = np.frombuffer(self._map, dtype=np.uint64)
+        self._lock = threading.Lock()  # one writer at a time (the mount thread, the loop)
+        self.publish(WriteFence(NEVER, frozenset()), None)
+
+    def publish(self, mount: WriteFence, pushed: WriteFence | None) -> None:
+        """Show the segment's fences (node/write_gate.py calls it on every change)."""
+        mount_open = sorted(mount.open)
+        pushed_open = sorted(pushed.open) if pushed is not None else []
+        fits = len(mount_open) + len(pushed_open) <= CAPACITY
+        with self._lock:
+            w = self._words
+            w[0] += 1  # odd: being written
+            _barrier()
+            w[1] = mount.floor
+            w[2] = len(mount_open) if fits else OVERFLOW
+            w[3] = pushed.floor if pushed is not None else 0
+            w[4] = len(pushed_open) if fits else OVERFLOW
+            if fits:
+                a = _HEADER + len(mount_open)
+                w[_HEADER:a] = mount_open
+                w[a : a + len(pushed_open)] = pushed_open
+            _barrier()
+            w[0] += 1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            del self._words
+            self._map.close()
+            os.close(self.fd)
+            self.fd = -1
+
+
+class FenceView:
+    """A client's read-only mapping of a node's page (takes ownership of `fd`).
+
+    Raises OSError or ValueError when `fd` is not such a page."""
+
+    def __init__(self, fd: int) -> None:
+        try:
+            self._map = mmap.mmap(fd, PAGE_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self._words = np.frombuffer(self._map, dtype=np.uint64)
+
+    def admits(self, generation: int) -> bool:
+        """True when both fences admit a write grant of put `generation`, exactly as the node's
+        gate would (node/write_gate.py `ended`)."""
+        w = self._words
+        for attempt in range(_READ_TRIES):
+            seq = int(w[0])
+            if not seq & 1:  # odd: being written
+                _barrier()
+                header = [int(x) for x in w[1:_HEADER]]
+                verdict = _admits(w, generation, *header)
+                _barrier()
+                if int(w[0]) == seq:
+                    return verdict
+            if attempt >= 8:
+                time.sleep(0)  # the writer may be waiting for this thread (or for a CPU)
+        return False  # never a steady read: refuse (the write goes over TCP)
+
+    def close(self) -> None:
+        del self._words
+        self._map.close()
+
+
+def _admits(
+    w: np.ndarray, generation: int, m_floor: int, m_count: int, p_floor: int, p_count: int
+) -> bool:
+    if m_count == OVERFLOW or p_count == OVERFLOW:
+        return generation >= m_floor and generation >= p_floor
+    if m_count + p_count > CAPACITY:
+        return False  # torn or garbled: the seqlock retries or refuses
+    gen = np.uint64(generation)
+    mount_ok = generation >= m_floor or bool(np.any(w[_HEADER : _HEADER + m_count] == gen))
+    if not mount_ok:
+        return False
+    at = _HEADER + m_count
+    return generation >= p_floor or bool(np.any(w[at : at + p_count] == gen))

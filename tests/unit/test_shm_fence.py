@@ -1,0 +1,122 @@
+"""The write fences a node shows same-host clients in shared memory (common/shm_fence.py):
+what a client reads admits exactly what the node's gate admits, and a client cannot write it."""
+
+import mmap
+import multiprocessing
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mooncake_store.common.grant import Grant, GrantMode, WriteFence, grant_generation, sign_grant
+from mooncake_store.common.shm_fence import CAPACITY, PAGE_BYTES, FencePage, FenceView
+from mooncake_store.node.write_gate import OPEN, WriteGate
+
+SEG = 7
+gens = st.integers(0, 1 << 40)
+fences = st.builds(
+    WriteFence, gens, st.frozensets(gens, max_size=12)
+)  # fmt: skip
+
+
+@pytest.fixture
+def page_and_view():
+    page = FencePage()
+    readonly = os.open(f"/proc/self/fd/{page.fd}", os.O_RDONLY)  # as the node hands it out
+    view = FenceView(readonly)
+    yield page, view
+    view.close()
+    page.close()
+
+
+def _mirrored_gate(page: FencePage) -> WriteGate:
+    gate = WriteGate()
+    gate.watcher = lambda seg, mount, pushed: page.publish(mount, pushed)
+    return gate
+
+
+@settings(max_examples=60, deadline=None)
+@given(mount=fences, pushed=st.none() | fences, probes=st.lists(gens, max_size=20))
+def test_a_client_admits_exactly_what_the_node_gate_admits(mount, pushed, probes):
+    page = FencePage()
+    view = FenceView(os.open(f"/proc/self/fd/{page.fd}", os.O_RDONLY))
+    try:
+        gate = _mirrored_gate(page)
+        gate.close(SEG)
+        assert not any(view.admits(g) for g in [*probes, 1, 1 << 62])  # closed: nothing
+        gate.mounted(SEG, mount)
+        if pushed is not None:
+            gate.fenced(SEG, pushed, now_ms=0)
+        candidates = [*probes, *mount.open, *(pushed.open if pushed else ()), mount.floor,
+                      mount.floor + 1, max(0, mount.floor - 1)]  # fmt: skip
+        for g in candidates:
+            assert view.admits(g) == (not gate.ended(SEG, g)), g
+    finally:
+        view.close()
+        page.close()
+
+
+def test_open_lists_that_do_not_fit_admit_only_what_both_floors_admit(page_and_view):
+    page, view = page_and_view
+    gate = _mirrored_gate(page)
+    many = frozenset(range(1000, 1000 + CAPACITY + 1))
+    gate.mounted(SEG, WriteFence(5000 + CAPACITY, many))
+    assert view.admits(5000 + CAPACITY) and view.admits(1 << 50)
+    assert not view.admits(1000) and not gate.ended(SEG, 1000)  # refused: goes over TCP
+
+
+def test_a_mount_reply_without_a_fence_admits_everything(page_and_view):
+    page, view = page_and_view
+    gate = _mirrored_gate(page)
+    gate.mounted(SEG, OPEN)
+    assert view.admits(0) and view.admits(12345)
+
+
+def _flip(page: FencePage, fences: list[WriteFence], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for fence in fences:
+            page.publish(fence, None)
+            time.sleep(0.00002)  # steady for a moment: a reader gives up on none-steady pages
+
+
+def test_a_reader_never_sees_a_fence_half_written(page_and_view):
+    """Another process (the node) flips between two fences as fast as it can.  Both admit
+    generation 500 (one by its open list, one by its floor); half of one and half of the other
+    would not (the first's floor with the second's empty list)."""
+    page, view = page_and_view
+    by_list = WriteFence(1000, frozenset({500}))
+    by_floor = WriteFence(400, frozenset())
+    page.publish(by_list, None)
+    writer = multiprocessing.get_context("fork").Process(
+        target=_flip, args=(page, [by_floor, by_list], 5.0)
+    )
+    writer.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        reads = 0
+        while time.monotonic() < deadline:
+            assert view.admits(500)
+            reads += 1
+        assert reads > 100
+    finally:
+        writer.kill()
+        writer.join()
+
+
+def test_the_page_a_client_gets_cannot_be_mapped_for_writing(page_and_view):
+    page, _ = page_and_view
+    readonly = os.open(f"/proc/self/fd/{page.fd}", os.O_RDONLY)
+    try:
+        with pytest.raises(PermissionError):
+            mmap.mmap(readonly, PAGE_BYTES, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(readonly)
+
+
+def test_a_client_reads_the_put_generation_a_grant_names():
+    blob = sign_grant(b"k" * 32, Grant(7, 4096, 100, 1 << 40, GrantMode.WRITE, 123456789))
+    assert grant_generation(blob) == 123456789
+    assert grant_generation(b"") == 0 and grant_generation(blob[:-1]) == 0
