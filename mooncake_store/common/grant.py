@@ -103,14 +103,6 @@ def verify_grant(secret: bytes, blob: bytes) -> Grant | None:
     return Grant(segment_id, offset, size_bytes, expires_ms, GrantMode(mode), generation)
 
 
-def grant_generation(blob: bytes) -> int:
-    """The put generation a grant names, read without checking its signature (0: none, or not
-    a grant); for a client comparing it with what a node shows, never for trusting it."""
-    if len(blob) != GRANT_BYTES:
-        return 0
-    return int(_BODY.unpack_from(blob)[5])
-
-
 def grant_expires_ms(blob: bytes) -> int | None:
     """The expiry (wall-clock ms) a grant names, unverified (a client reading its own lease);
     None when the blob is not a grant."""
@@ -124,7 +116,8 @@ def grant_generation(blob: bytes) -> int:
 
     A client cannot verify a grant (the node's secret signs it); it only compares what two
     grants from its master name: the WRITE grant of its put and a later READ grant of the
-    object both name that put's generation (client/speculative.py)."""
+    object both name that put's generation (client/speculative.py), and whether the write
+    fences its node shows in shared memory still admit a WRITE grant (common/shm_fence.py)."""
     if len(blob) != GRANT_BYTES:
         return 0
     return int(_BODY.unpack_from(blob)[5])

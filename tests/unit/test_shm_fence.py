@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mooncake_store.common.grant import Grant, GrantMode, WriteFence, grant_generation, sign_grant
+from mooncake_store.common.grant import WriteFence
 from mooncake_store.common.shm_fence import CAPACITY, PAGE_BYTES, FencePage, FenceView
 from mooncake_store.node.write_gate import OPEN, WriteGate
 
@@ -114,9 +114,3 @@ def test_the_page_a_client_gets_cannot_be_mapped_for_writing(page_and_view):
             mmap.mmap(readonly, PAGE_BYTES, flags=mmap.MAP_SHARED)
     finally:
         os.close(readonly)
-
-
-def test_a_client_reads_the_put_generation_a_grant_names():
-    blob = sign_grant(b"k" * 32, Grant(7, 4096, 100, 1 << 40, GrantMode.WRITE, 123456789))
-    assert grant_generation(blob) == 123456789
-    assert grant_generation(b"") == 0 and grant_generation(blob[:-1]) == 0
