@@ -5,7 +5,9 @@ Every operation is written once, as a flow of steps (see `steps.py`), reached th
 in the calling thread: master calls go out on a blocking framed socket that the
 thread keeps (no event loop, no thread hop: on these VMs that is ~100 us of a ~200 us call),
 same-host copies are plain memcpys, and TCP transfers run on blocking node sockets of the thread
-(a batch pipelined: every request sent, then the replies read in order).  One private event loop
+(a batch pipelined: every request sent, then the replies read in order).  An `Overlapped` step
+(a speculative same-host read, client/speculative.py) sends its request, runs its local work,
+then reads the reply.  One private event loop
 on a daemon thread carries the master calls when the master has no framed endpoint, and the
 fallback after a socket error.
 """
