@@ -7,14 +7,11 @@ A read's destination is a list of parts (one part for a plain get_into): a scatt
 (`get_many_into_parts`, Mooncake's multi-buffer gets) scatters the object over them straight
 from the pool or the TCP reply, verified as one object, with no staging buffer.
 
-A host-buffer `get_into` / `get_many_into` whose every key the client remembers in a pool
-mapped here (it put or read them) is speculative (speculative.py): the copy from the
-remembered extent runs while the lookup is on its way, and its bytes are returned only if
-the master's reply has the cached size and checksum, lists a replica at the same (segment,
-offset) whose grant names the same nonzero put generation, and the bytes copied hash to that
-checksum: then, when the master answered, the object had been at that extent since before the
-copy began.  Otherwise the read goes on the normal way from the reply in hand.  A failed read
-leaves its buffer's contents unspecified.
+A host-buffer read whose every key the client remembers in a pool mapped here (it put or read
+them) is speculative: the copy runs while the lookup is on its way, and is kept only if the
+reply confirms the extent holds the same put's object (the rule: speculative.py); otherwise
+the read goes on from the reply in hand.  A failed read leaves its buffers' contents
+unspecified.
 """
 
 from __future__ import annotations
@@ -153,30 +150,42 @@ class ReadFlows(SpeculativeReads):
     ) -> Flow[list[int | MooncakeError]]:
         """Read each object scattered over its list of host buffers (in order); the sizes
         read.  With `outcomes`, a key that fails gets its MooncakeError in the result
-        instead of the first failure being raised."""
+        instead of the first failure being raised.  Speculative when every key is remembered
+        (the compat layer's get_into and batch_get_into come here)."""
         if len(keys) != len(buffers):
             raise InvalidArgumentError(f"{len(keys)} keys but {len(buffers)} buffer lists")
         keys = [validate_key(k) for k in keys]
         dests = [[as_writable(b) for b in parts] for parts in buffers]
-        results = yield get_replica_list_call(keys, b"")
+        plan = self._speculation(keys, dests)
         if not outcomes:
-            infos = self._checked(keys, results)
-            yield from self._read_all(keys, infos, dests)
+            if plan is not None:  # every key remembered here: copy while the master looks up
+                infos = yield from self._read_speculative(keys, dests, plan)
+            else:
+                infos = self._checked(keys, (yield get_replica_list_call(keys, b"")))
+                yield from self._read_all(keys, infos, dests)
             return [info.size_bytes for info in infos]
+        hits: set[int] = set()
+        if plan is not None:
+            results, hits = yield from self._speculate(keys, plan, b"")
+        else:
+            results = yield get_replica_list_call(keys, b"")
         out: list[int | MooncakeError] = []
         todo: list[int] = []
+        found: list[ReplicaList] = []  # of todo
         for n, (result, parts) in enumerate(zip(results, dests, strict=True)):
             if isinstance(result, MooncakeError):
                 out.append(result)
+            elif n in hits:
+                out.append(result.size_bytes)
             elif sum(len(p) for p in parts) < result.size_bytes:
                 out.append(self._too_small(keys[n], sum(len(p) for p in parts), result))
             else:
                 out.append(result.size_bytes)
                 todo.append(n)
+                found.append(result)
         errors = yield from self._read_all(
-            [keys[n] for n in todo], [results[n] for n in todo], [dests[n] for n in todo],
-            outcomes=True,
-        )  # fmt: skip
+            [keys[n] for n in todo], found, [dests[n] for n in todo], outcomes=True
+        )
         for n, err in zip(todo, errors, strict=True):
             if err is not None:
                 out[n] = err

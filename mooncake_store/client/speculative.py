@@ -196,34 +196,45 @@ class SpeculativeReads(LocationMemory):
                 digests.append(None)
         return digests
 
+    def _speculate(
+        self, keys: Sequence[str], plan: list[_Planned], fingerprint: bytes
+    ) -> Flow[tuple[list[ReplicaList | MooncakeError], set[int]]]:
+        """The lookup of `keys` with the planned copies run while it is on its way: the
+        replies, and the indices of the keys whose copy the acceptance rule kept (their
+        buffers hold their bytes).  The others are to be read the normal way, from the
+        replies in hand."""
+        results, copied = yield Overlapped(
+            get_replica_list_call(keys, fingerprint), lambda: self._copy_planned(plan)
+        )
+        digests = copied if isinstance(copied, list) else [None] * len(keys)
+        hits: set[int] = set()
+        for n, (result, (entry, _, _), digest) in enumerate(zip(results, plan, digests,
+                                                                 strict=True)):  # fmt: skip
+            if not isinstance(result, MooncakeError) and accepted(entry, result, digest):
+                hits.add(n)
+        counters = self.counters
+        counters["speculative_reads"] += len(hits)
+        counters["shm_reads"] += len(hits)
+        counters["dram_reads"] = counters.get("dram_reads", 0) + len(hits)
+        if len(hits) < len(keys):
+            counters["speculative_misses"] += len(keys) - len(hits)
+            # Forgotten; a local read of the key learns it again.
+            self._locations.drop([k for n, k in enumerate(keys) if n not in hits])
+        return results, hits
+
     def _read_speculative(
         self,
         keys: Sequence[str],
         dests: Sequence[list[memoryview]],
         plan: list[_Planned],
-        fingerprint: bytes,
+        fingerprint: bytes = b"",
     ) -> Flow[list[ReplicaList]]:
-        """The lookup of `keys` with the planned copies run while it is on its way; what the
-        acceptance rule refuses is read again the normal way, from the reply in hand."""
-        results, copied = yield Overlapped(
-            get_replica_list_call(keys, fingerprint), lambda: self._copy_planned(plan)
-        )
-        self._locations.drop([k for k, r in zip(keys, results, strict=True)
-                              if isinstance(r, MooncakeError)])  # fmt: skip
+        """`_speculate`, then the keys it did not keep read the normal way; raises the first
+        failure as a plain read would."""
+        results, hits = yield from self._speculate(keys, plan, fingerprint)
         infos = self._checked(keys, results)
-        digests = copied if isinstance(copied, list) else [None] * len(keys)
-        missed: list[int] = []
-        for n, (info, (entry, _, _), digest) in enumerate(zip(infos, plan, digests, strict=True)):
-            if not accepted(entry, info, digest):
-                missed.append(n)
-        hits = len(keys) - len(missed)
-        counters = self.counters
-        counters["speculative_reads"] += hits
-        counters["shm_reads"] += hits
-        counters["dram_reads"] = counters.get("dram_reads", 0) + hits
-        if missed:
-            counters["speculative_misses"] += len(missed)
-            self._locations.drop([keys[n] for n in missed])  # a local read learns it again
-            yield from self._read_all([keys[n] for n in missed], [infos[n] for n in missed],
-                                      [dests[n] for n in missed], fingerprint)  # fmt: skip
+        rest = [n for n in range(len(keys)) if n not in hits]
+        if rest:
+            yield from self._read_all([keys[n] for n in rest], [infos[n] for n in rest],
+                                      [dests[n] for n in rest], fingerprint)  # fmt: skip
         return infos

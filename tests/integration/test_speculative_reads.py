@@ -261,3 +261,48 @@ def test_a_batch_sent_as_slices_copies_first_then_looks_up(tmp_path):
         assert a.get_many_into(list(values), outs) == [SIZE] * 5
         assert [bytes(o) for o in outs] == list(values.values())
         assert spec(a) == (5, 0) and a.counters["framed_calls"] == calls + 3
+
+
+def test_scatter_reads_and_their_outcomes_are_speculative_too(small):
+    """get_many_into_parts / get_many_into_outcomes (the compat layer's get_into and
+    batch_get_into): kept copies count, refused ones are read again or fail alone."""
+    values = {f"p/{i}": os.urandom(SIZE) for i in range(3)}
+    keys = list(values)
+    with Client(small.master_address) as a, Client(small.master_address) as b:
+        a.put_many(values)
+
+        def parts() -> list[list[bytearray]]:
+            return [[bytearray(1000), bytearray(SIZE - 1000)] for _ in keys]
+
+        outs = parts()
+        assert a.get_many_into_parts(keys, outs) == [SIZE] * 3
+        assert [bytes(x[0] + x[1]) for x in outs] == list(values.values()) and spec(a) == (3, 0)
+        assert b.remove(keys[0])
+        values[keys[1]] = os.urandom(SIZE)
+        assert b.remove(keys[1])
+        b.put(keys[1], values[keys[1]])
+        outs = parts()
+        got = a.get_many_into_outcomes(keys, outs)
+        assert isinstance(got[0], ObjectNotFoundError) and got[1:] == [SIZE, SIZE]
+        assert [bytes(x[0] + x[1]) for x in outs[1:]] == [values[k] for k in keys[1:]]
+        assert spec(a) == (4, 2)
+        outs = parts()  # keys[1] was learnt again by its read, keys[0] is forgotten
+        assert a.get_many_into_parts(keys[1:], outs[1:]) == [SIZE, SIZE] and spec(a) == (6, 2)
+
+
+def test_the_compat_layers_pointer_reads_are_speculative(small):
+    from mooncake_store.compat import MooncakeDistributedStore
+
+    data = np.frombuffer(os.urandom(SIZE), dtype=np.uint8)
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "",
+                       small.master_address) == 0  # fmt: skip
+    try:
+        assert store.put_from("c/k", int(data.ctypes.data), SIZE) == 0
+        out = np.zeros(SIZE, dtype=np.uint8)
+        assert store.get_into("c/k", int(out.ctypes.data), SIZE) == SIZE
+        assert np.array_equal(out, data)
+        assert store.batch_get_into(["c/k"], [int(out.ctypes.data)], [SIZE]) == [SIZE]
+        assert store._client is not None and spec(store._client) == (2, 0)
+    finally:
+        assert store.close() == 0
