@@ -306,3 +306,37 @@ def test_the_compat_layers_pointer_reads_are_speculative(small):
         assert store._client is not None and spec(store._client) == (2, 0)
     finally:
         assert store.close() == 0
+
+
+def test_an_overlapped_step_keeps_the_call_when_its_local_work_fails(small):
+    """Both drivers: what `meanwhile` raises is handed back beside the reply, never raised;
+    an interrupt (BaseException) propagates, and the framed channel skips the reply it left."""
+    from mooncake_store.client.master_client import get_replica_list_call
+    from mooncake_store.client.steps import Overlapped
+
+    def fails() -> None:
+        raise ValueError("copy failed")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    def flow(meanwhile):
+        return (yield Overlapped(get_replica_list_call(["k"], b""), meanwhile))
+
+    with Client(small.master_address) as a:
+        a.put("k", b"v" * 1000)
+        (reply,), outcome = a._drive(flow(fails))
+        assert reply.size_bytes == 1000 and isinstance(outcome, ValueError)
+        calls = a.counters["framed_calls"]
+        with pytest.raises(KeyboardInterrupt):
+            a._drive(flow(interrupted))
+        assert a.get("k") == b"v" * 1000  # the same channel: the skipped reply is not taken
+        assert a.counters["framed_calls"] == calls + 1
+
+        async def through_async() -> object:
+            async with AsyncClient(small.master_address) as b:
+                (reply,), outcome = await b._drive(flow(fails))
+                assert reply.size_bytes == 1000
+                return outcome
+
+        assert isinstance(asyncio.run(through_async()), ValueError)
