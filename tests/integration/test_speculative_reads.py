@@ -340,3 +340,15 @@ def test_an_overlapped_step_keeps_the_call_when_its_local_work_fails(small):
                 return outcome
 
         assert isinstance(asyncio.run(through_async()), ValueError)
+
+
+def test_a_leased_put_is_remembered_under_its_leases_generation(small):
+    values = [os.urandom(SIZE) for _ in range(3)]
+    with Client(small.master_address) as a:
+        for i, value in enumerate(values):  # the first brings leases, the next use them
+            a.put(f"l/{i}", value)
+        assert a.counters["leased_puts"] >= 1
+        out = bytearray(SIZE)
+        for i, value in enumerate(values):
+            assert a.get_into(f"l/{i}", out) == SIZE and out == value
+        assert spec(a) == (3, 0)
