@@ -267,7 +267,7 @@ class SegmentSpec(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., inventory: _Optional[_Iterable[_Union[InventoryItem, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments")
+    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments", "remount")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +275,7 @@ class MountSegmentRequest(_message.Message):
     CONTROL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REMOUNT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     endpoint: str
@@ -282,7 +283,8 @@ class MountSegmentRequest(_message.Message):
     control_endpoint: str
     secret: bytes
     segments: _containers.RepeatedCompositeFieldContainer[SegmentSpec]
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ...) -> None: ...
+    remount: bool
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature")

@@ -11,13 +11,26 @@ import logging
 import mmap
 import os
 import socket
+import time
+from collections.abc import Callable
 
 from mooncake_store.client.cuda import forget_pool
 from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.grant import grant_expires_ms, grant_generation
 from mooncake_store.common.shm_fence import FenceView
 from mooncake_store.common.shm_handoff import HELLO, HandoffRefused, parse_hello
 
 log = logging.getLogger("mooncake.client")
+
+Guard = Callable[[], None]  # called before each 1 MiB of a copy into a pool; raises to stop it
+
+
+class CopyStopped(Exception):
+    """A guarded copy into a pool stopped part-way (its grant no longer admitted:
+    `ShmMapper.copy_guard`); what it copied before is in the extent."""
+
+
+COPY_EXPIRY_MARGIN_MS = 1000  # a write grant this close to its expiry is not copied with
 
 
 class ShmMapper:
@@ -43,6 +56,38 @@ class ShmMapper:
         `generation` (common/shm_fence.py); None when it handed over no page."""
         page = self._fences.get(segment_id)
         return None if page is None else page.admits(generation)
+
+    def copy_guard(
+        self, loc: ReplicaLocation, *, leased: bool, counters: dict[str, int]
+    ) -> Guard | None:
+        """A guard for copies into `loc`'s mapped pool under its write grant (client/steps.py
+        runs it before every 1 MiB of a copy), or None when the grant may not be copied with
+        now.  A grant may be copied with while the write fences its node shows in shared
+        memory admit its put generation (common/shm_fence.py) and it is more than
+        `COPY_EXPIRY_MARGIN_MS` from its expiry (the master may free an expired put's room
+        without its node's word: master/frees.py); a node that shows no fences takes no copies
+        into leases (they go over TCP, where it checks them).  A copy under a grant ended
+        meanwhile stops within a chunk: the node acknowledges a fence only 50 ms after showing
+        it, and only then does the master hand the room out."""
+        generation = grant_generation(loc.grant)
+        expires_ms = grant_expires_ms(loc.grant)
+        segment_id = loc.segment_id
+
+        def allowed() -> bool:
+            if expires_ms is not None and time.time() * 1000 > expires_ms - COPY_EXPIRY_MARGIN_MS:
+                return False  # on the node's host: the node's clock
+            admitted = self.admits(segment_id, generation)
+            return not leased if admitted is None else admitted
+
+        if not allowed():
+            return None
+
+        def guard() -> None:
+            if not allowed():
+                counters["copies_stopped"] = counters.get("copies_stopped", 0) + 1
+                raise CopyStopped(f"the write grant of segment {segment_id:x} ended mid-copy")
+
+        return guard
 
     def worth_probing(self, loc: ReplicaLocation) -> bool:
         """False when `loc`'s node is known to be on another host, or refused us its pool."""

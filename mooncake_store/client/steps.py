@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mooncake_store.client.master_client import MasterCall
-from mooncake_store.client.shm import ShmMapper
+from mooncake_store.client.shm import Guard, ShmMapper
 from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
@@ -35,8 +35,9 @@ _SMALL_COPY = 128 * 1024
 _SPLIT_COPY = 4 << 20  # from here a second thread copies chunks from the back
 
 
-def copy_checksum(dest: memoryview, src: memoryview) -> int:
-    """Copy `src` into `dest` (same length) and return the checksum of `dest`.
+def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None) -> int:
+    """Copy `src` into `dest` (same length) and return the checksum of `dest`.  `guard` runs
+    before the copy and before each of its 1 MiB steps (in both threads).
 
     Copying and hashing in cache-sized steps reads memory once instead of twice.  On these VMs,
     between a shared-memory pool and numpy buffers at 1-16 MiB: copy-then-hash 8.0-9.8 GB/s,
@@ -52,6 +53,8 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
     n = len(src)
     if len(dest) != n:
         raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
+    if guard is not None:
+        guard()
     if n <= _SMALL_COPY:  # a few microseconds: numpy's call overhead would double it
         dest[:] = src
         return chunk_digest(dest)
@@ -61,36 +64,45 @@ def copy_checksum(dest: memoryview, src: memoryview) -> int:
         np.copyto(to, frm)
         return chunk_digest(dest)
     half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
-    split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half) else n
+    split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half, guard) else n
     try:
-        digests = _copy_hashed(np.copyto, to[:split], frm[:split])
+        digests = _copy_hashed(np.copyto, to[:split], frm[:split], guard)
     finally:
         back = _HELPER.wait() if split < n else []
     return combine(digests + back, n)
 
 
-def _copy_hashed(copy: Any, to: np.ndarray, frm: np.ndarray) -> list[int]:
+def _copy_hashed(
+    copy: Any, to: np.ndarray, frm: np.ndarray, guard: Guard | None = None
+) -> list[int]:
     """Copy `frm` into `to` chunk by chunk, returning each chunk's digest (`to` starts on a
-    chunk boundary of the object)."""
+    chunk boundary of the object); `guard` runs before each chunk."""
     digests = []
     for start in range(0, len(frm), _FUSE_CHUNK):
+        if guard is not None and start:
+            guard()
         stop = min(start + _FUSE_CHUNK, len(frm))
         copy(to[start:stop], frm[start:stop])
         digests.append(chunk_digest(to[start:stop]))
     return digests
 
 
-def copy_parts_checksum(dests: Sequence[memoryview], srcs: Sequence[memoryview]) -> int:
+def copy_parts_checksum(
+    dests: Sequence[memoryview], srcs: Sequence[memoryview], guard: Guard | None = None
+) -> int:
     """Copy each of `srcs` into the matching `dests` (pairwise the same length) and return the
     checksum of all of `dests` one after the other: a scatter-gather object's checksum, with
-    no staging buffer (one part: `copy_checksum`).  Copied and hashed in cache-sized steps."""
+    no staging buffer (one part: `copy_checksum`).  Copied and hashed in cache-sized steps;
+    `guard` runs before each part and each 1 MiB step."""
     if len(dests) == 1:
-        return copy_checksum(dests[0], srcs[0])
+        return copy_checksum(dests[0], srcs[0], guard)
     h = ChunkedHasher()
     for dest, src in zip(dests, srcs, strict=True):
         n = len(src)
         if len(dest) != n:
             raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
+        if guard is not None:
+            guard()
         if n <= _SMALL_COPY:
             dest[:] = src
             h.update(dest)
@@ -98,21 +110,28 @@ def copy_parts_checksum(dests: Sequence[memoryview], srcs: Sequence[memoryview])
         to = np.frombuffer(dest, dtype=np.uint8)
         frm = np.frombuffer(src, dtype=np.uint8)
         for start in range(0, n, _FUSE_CHUNK):
+            if guard is not None and start:
+                guard()
             stop = min(start + _FUSE_CHUNK, n)
             np.copyto(to[start:stop], frm[start:stop])
             h.update(dest[start:stop])
     return h.intdigest()
 
 
-def copy_parts_into(region: memoryview, parts: Sequence[memoryview]) -> int:
+def copy_parts_into(
+    region: memoryview, parts: Sequence[memoryview], guard: Guard | None = None
+) -> int:
     """Copy `parts` one after the other into `region` (their total length) and return the
     checksum of `region`: a scatter-gather write into the pool.  Up to one checksum chunk the
     region is hashed in one call after the copies (it is in cache), which costs what one
-    contiguous copy_checksum does; bigger objects are copied and hashed chunk by chunk."""
+    contiguous copy_checksum does; bigger objects are copied and hashed chunk by chunk.
+    `guard` runs before the copy and before each 1 MiB of it."""
     if len(parts) == 1:
-        return copy_checksum(region, parts[0])
+        return copy_checksum(region, parts[0], guard)
     if len(region) > _FUSE_CHUNK:
-        return copy_parts_checksum(split_like(region, parts), parts)
+        return copy_parts_checksum(split_like(region, parts), parts, guard)
+    if guard is not None:
+        guard()
     at = 0
     for part in parts:
         region[at : at + len(part)] = part
@@ -159,14 +178,16 @@ class _CopyHelper:
         self._busy = threading.Lock()  # held by the caller using the helper
         self._start = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
-        self._job: tuple[np.ndarray, np.ndarray] | None = None
+        self._job: tuple[np.ndarray, np.ndarray, Guard | None] | None = None
         self._digests: list[int] = []
         self._error: BaseException | None = None
         self._pid = 0  # the thread does not survive a fork: start one per process
         self.splits = 0  # copies it took half of
         self._copy = np.copyto  # what the helper copies with (a test makes it fail)
 
-    def start(self, to: np.ndarray, frm: np.ndarray, split: int) -> bool:
+    def start(
+        self, to: np.ndarray, frm: np.ndarray, split: int, guard: Guard | None = None
+    ) -> bool:
         """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
         if not self._busy.acquire(blocking=False):
             return False
@@ -174,7 +195,7 @@ class _CopyHelper:
             self._pid = os.getpid()
             self._start, self._done = threading.Semaphore(0), threading.Semaphore(0)
             threading.Thread(target=self._run, name="mooncake-copy", daemon=True).start()
-        self._job = (to[split:], frm[split:])
+        self._job = (to[split:], frm[split:], guard)
         self.splits += 1
         self._start.release()
         return True
@@ -197,7 +218,9 @@ class _CopyHelper:
             try:
                 job = self._job
                 if job is not None:
-                    self._digests = _copy_hashed(self._copy, job[0], job[1])
+                    if job[2] is not None:
+                        job[2]()  # its first chunk is guarded too
+                    self._digests = _copy_hashed(self._copy, job[0], job[1], job[2])
             except BaseException as exc:  # the caller raises it: never a silent short copy
                 self._error = exc
             finally:

@@ -31,6 +31,7 @@ from mooncake_store.client.master_client import (
     put_start_call,
     report_corrupt_call,
 )
+from mooncake_store.client.shm import CopyStopped, Guard
 from mooncake_store.client.speculative import LocationMemory
 from mooncake_store.client.steps import (
     Flow,
@@ -44,6 +45,7 @@ from mooncake_store.client.steps import (
 )
 from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import PutPlan, PutResult, PutSpec, ReplicaLocation
+from mooncake_store.common.checksum import CHUNK_BYTES
 from mooncake_store.common.errors import (
     DataPathError,
     InvalidArgumentError,
@@ -51,7 +53,6 @@ from mooncake_store.common.errors import (
     MooncakeError,
     ObjectConflictError,
 )
-from mooncake_store.common.grant import grant_generation
 from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
 
@@ -303,18 +304,12 @@ class WriteFlows(LocationMemory):
             p.plan, p.failed, p.error, p.checksum, p.leased = None, None, None, 0, False
         return redo
 
-    def _may_copy(self, loc: ReplicaLocation, *, leased: bool) -> bool:
-        """Whether a write grant may be used by a copy into its mapped pool right now: the
-        write fence its node shows in shared memory admits the grant's put generation
-        (common/shm_fence.py), checked right before the copy.  A node that shows no fence takes
-        no copies into leases (they go over TCP, where it checks them)."""
-        admitted = self.shm.admits(loc.segment_id, grant_generation(loc.grant))
-        if admitted is None:
-            return not leased
-        if admitted:
-            return True
-        self.counters["copies_refused"] = self.counters.get("copies_refused", 0) + 1
-        return False
+    def _copy_guard(self, loc: ReplicaLocation, *, leased: bool) -> Guard | None:
+        """ShmMapper.copy_guard, counting the copies refused and stopped."""
+        guard = self.shm.copy_guard(loc, leased=leased, counters=self.counters)
+        if guard is None:
+            self.counters["copies_refused"] = self.counters.get("copies_refused", 0) + 1
+        return guard
 
     def _give_back(self, lease_ids: list[str]) -> Flow[None]:
         """Release leases after a failed copy, best effort (the master reclaims them anyway)."""
@@ -385,10 +380,15 @@ class WriteFlows(LocationMemory):
             hashed = False
             for loc in p.plan.replicas:
                 pool = self._mapped(loc)
-                if pool is None or not self._may_copy(loc, leased=p.leased):
-                    remote.append((p, loc))  # not here, or a grant its node's fences end
+                guard = None if pool is None else self._copy_guard(loc, leased=p.leased)
+                if pool is None or guard is None:
+                    remote.append((p, loc))  # not here, or a grant that ended
                     continue
-                self._copy_into(p, loc, pool, hash_it=not hashed)
+                try:
+                    self._copy_into(p, loc, pool, hash_it=not hashed, guard=guard)
+                except CopyStopped:
+                    remote.append((p, loc))  # ended mid-copy: the node refuses it over TCP
+                    continue
                 hashed = True
             if not hashed:
                 unhashed.append(p)
@@ -423,15 +423,21 @@ class WriteFlows(LocationMemory):
         pools = [self._mapped(loc) for loc in p.plan.replicas]
         if any(pool is None for pool in pools):
             return False
-        if not all(self._may_copy(loc, leased=p.leased) for loc in p.plan.replicas):
-            return False  # over TCP, where the node refuses a grant of an earlier mount
+        guards = [self._copy_guard(loc, leased=p.leased) for loc in p.plan.replicas]
+        if any(guard is None for guard in guards):
+            return False  # over TCP, where the node refuses a grant that ended
         if p.device is not None and not p.parts:
             self._dma_into(p, pools)  # type: ignore[arg-type]
             p.failed = []
             return True
-        for i, (loc, pool) in enumerate(zip(p.plan.replicas, pools, strict=True)):
-            assert pool is not None
-            self._copy_into(p, loc, pool, hash_it=i == 0)
+        try:
+            for i, (loc, pool, guard) in enumerate(
+                zip(p.plan.replicas, pools, guards, strict=True)
+            ):
+                assert pool is not None
+                self._copy_into(p, loc, pool, hash_it=i == 0, guard=guard)
+        except CopyStopped:
+            return False  # likewise: what it copied lands in room nobody else has yet
         p.failed = []
         return True
 
@@ -450,16 +456,25 @@ class WriteFlows(LocationMemory):
         self.counters["shm_writes"] += len(p.plan.replicas)
 
     def _copy_into(
-        self, p: _Pending, loc: ReplicaLocation, pool: memoryview, *, hash_it: bool
+        self,
+        p: _Pending,
+        loc: ReplicaLocation,
+        pool: memoryview,
+        *,
+        hash_it: bool,
+        guard: Guard | None = None,
     ) -> None:
         """Copy the value (its parts one after the other) into a same-host replica; the first
-        copy also yields the checksum."""
+        copy also yields the checksum.  `guard` runs before every 1 MiB (CopyStopped)."""
         region = pool[loc.offset : loc.offset + p.spec.size_bytes]
         if hash_it:
-            p.checksum = copy_parts_into(region, p.parts)
+            p.checksum = copy_parts_into(region, p.parts, guard)
         else:
             for dest, part in zip(split_like(region, p.parts), p.parts, strict=True):
-                dest[:] = part
+                for at in range(0, len(part), CHUNK_BYTES):
+                    if guard is not None:
+                        guard()
+                    dest[at : at + CHUNK_BYTES] = part[at : at + CHUNK_BYTES]
         self.counters["shm_writes"] += 1
 
     def _replicas(self, replicas: int | None) -> int:

@@ -30,6 +30,7 @@ weakly ordered CPUs too.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -47,6 +48,8 @@ CAPACITY = PAGE_BYTES // 8 - _HEADER  # open generations the page holds, both li
 FENCE_ACK_GRACE_S = 0.05  # a pushed fence is acknowledged this long after it is published
 REMOUNT_GRACE_S = 0.5  # closed this long before mounting again
 _READ_TRIES = 10_000
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1
+PAGE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
 
 _order = threading.Lock()
 
@@ -62,10 +65,14 @@ class FencePage:
     """The node's side: the page, created with its segment closed."""
 
     def __init__(self, name: str = "mooncake-fence") -> None:
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, PAGE_BYTES)
             self._map = mmap.mmap(self.fd, PAGE_BYTES, flags=mmap.MAP_SHARED)
+            # Sealed once mapped here: nobody maps or writes it writable any more (a client
+            # could reopen its read-only descriptor read-write through /proc), nor changes its
+            # size (a truncated page would SIGBUS the node and every client).
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, PAGE_SEALS)
         except BaseException:
             os.close(self.fd)
             raise
@@ -112,10 +119,13 @@ class FenceView:
         finally:
             os.close(fd)
         self._words = np.frombuffer(self._map, dtype=np.uint64)
+        self._closed = False
 
     def admits(self, generation: int) -> bool:
         """True when both fences admit a write grant of put `generation`, exactly as the node's
         gate would (node/write_gate.py `ended`)."""
+        if self._closed:
+            return False
         w = self._words
         for attempt in range(_READ_TRIES):
             seq = int(w[0])
@@ -131,8 +141,15 @@ class FenceView:
         return False  # never a steady read: refuse (the write goes over TCP)
 
     def close(self) -> None:
-        del self._words
-        self._map.close()
+        """Unmap (idempotent); a reader still inside `admits` on another thread keeps the
+        mapping alive until it is done (it is freed with the process at worst)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._map.close()
+        except BufferError:
+            pass
 
 
 def _admits(

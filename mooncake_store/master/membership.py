@@ -60,6 +60,13 @@ class TickResult:
     reclaimed_puts: list[str] = field(default_factory=list)
 
 
+# A node mounted again where the mount is new (the master restarted, or dropped the node) may
+# still have same-host clients copying under grants of its earlier mount: it closes its fence
+# page before mounting (node/master_link.py) and such a copy stops within a chunk, but one
+# already under way lands first.  None of the new mount's room is handed out before then.
+REMOUNT_HOLD_S = 0.5
+
+
 class Membership(ObjectColumns):
     """Nodes, segments and liveness (see the module docstring)."""
 
@@ -110,6 +117,7 @@ class Membership(ObjectColumns):
         segments: Sequence[tuple[SegmentInfo, Sequence[BlockRecord] | None]],
         *,
         replace: bool = False,
+        remount: bool = False,
     ) -> None:
         """Mount a node's segments (idempotent for the same incarnation).
 
@@ -118,7 +126,9 @@ class Membership(ObjectColumns):
         endpoint (two live processes cannot listen on one address); otherwise the caller must
         have found the old endpoint dead and pass `replace=True`, or the mount is refused.  A
         persistent segment's inventory is reconciled with what the master knows: matching
-        replicas are kept, unknown blocks adopted, missing ones dropped.
+        replicas are kept, unknown blocks adopted, missing ones dropped.  `remount`: the node
+        was mounted before (on an earlier master, or on this one before it dropped the node);
+        when the mount is new here, none of its room is handed out for `REMOUNT_HOLD_S`.
 
         Raises:
             IdentityConflictError: the node id belongs to another live node, or a segment id
@@ -144,6 +154,8 @@ class Membership(ObjectColumns):
             allocator = ExtentAllocator(info.size_bytes, alignment=self._alignment)
             self._mounts += 1
             seg = Segment(info, allocator, self._mounts)
+            if remount:
+                seg.writable_after = self._clock() + REMOUNT_HOLD_S
             self._segments[info.segment_id] = seg
             self._offered[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
@@ -281,6 +293,11 @@ class Membership(ObjectColumns):
     def segment(self, segment_id: int) -> Segment | None:
         """The segment, when it is offered (its node is not suspect)."""
         return self._offered.get(segment_id)
+
+    def remount_hold_s(self) -> float:
+        """Seconds until every offered segment's room may be handed out again (0: now)."""
+        now = self._clock()
+        return max((s.writable_after - now for s in self._offered.values()), default=0.0)
 
     def mounted_segment(self, segment_id: int) -> Segment | None:
         """The segment while it is mounted, offered or not (its node may be suspect)."""

@@ -29,6 +29,7 @@ from mooncake_store.common.errors import (
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.columns import COMMITTING, COMPLETE, PROCESSING
 from mooncake_store.master.leases import leases_pending
+from mooncake_store.master.membership import REMOUNT_HOLD_S
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
 from mooncake_store.master.segments import Segment, Tier
@@ -130,8 +131,14 @@ class PutLifecycle(EvictionVictims):
         fast = [
             s for s in self._offered.values()
             if s.tier is Tier.DRAM and s.node_id not in self.draining
+            and s.writable_after <= now  # not a node mounted again a moment ago
         ]  # fmt: skip
         if not fast:
+            if any(s.writable_after > now for s in self._offered.values()):
+                raise NoSpaceError(
+                    "every store node was mounted again less than "
+                    f"{REMOUNT_HOLD_S:g}s ago (the master or the node restarted): retry shortly"
+                )
             raise NoSpaceError(
                 "no store node is mounted (or every one is draining to stop): "
                 "start a mooncake-store node first"

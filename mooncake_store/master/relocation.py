@@ -56,6 +56,8 @@ class ReplicaRelocation(Membership):
         replicas = self._replicas(slot)
         if any(r.segment_id == dst.segment_id for r in replicas):
             return None
+        if dst.writable_after > self._clock():
+            return None  # mounted again a moment ago: its room is not handed out yet
         source = next((r for r in replicas if r.segment_id == src.segment_id), None)
         offset = dst.allocator.allocate(self._size[slot]) if source is not None else None
         if source is None or offset is None:

@@ -54,7 +54,7 @@ class Segment:
 
     __slots__ = (
         "allocator", "generation", "info", "leased_bytes", "leases", "objects", "pending_bytes",
-        "persistent",
+        "persistent", "writable_after",
     )  # fmt: skip
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, generation: int = 0) -> None:
@@ -68,6 +68,9 @@ class Segment:
         self.leases = 0
         self.leased_bytes = 0
         self.persistent = info.tier.persistent  # read on every lookup
+        # No room of this mount is handed out before then (master clock): see
+        # membership.py `REMOUNT_HOLD_S`.
+        self.writable_after = 0.0
 
     @property
     def node_id(self) -> str:

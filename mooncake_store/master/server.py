@@ -26,6 +26,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
+from mooncake_store.master.generations import first_generation
 from mooncake_store.master.grpc_admission import Admission, ConnectionCapInterceptor, hard_limit
 from mooncake_store.master.grpc_owners import read_established
 from mooncake_store.master.liveness import LivenessServer
@@ -111,7 +112,9 @@ class MasterServer:
             **({"depth_cost": config.eviction_depth_cost,
                 "ghost_entries": config.eviction_ghost_entries}
                if config.eviction_policy == "weighted" else {}),
-        ), first_generation=time.time_ns() // 1000, fence_writes=True)  # fmt: skip
+        ), first_generation=first_generation(
+            Path(config.data_dir), time.time_ns() // 1000
+        ), fence_writes=True)  # fmt: skip
         self.tiering = Tiering(self.table, config)
         self.replication = Replication(self.table, config, clock=time.monotonic)
         self.mover = NodeMover(

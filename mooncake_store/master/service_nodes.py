@@ -135,7 +135,7 @@ class NodeMethods(ServicerBase):
         # refuses connections it is gone (killed and restarted elsewhere): replace it.
         replace = other is not None and not await _listening(other.endpoint)
         try:
-            self.table.mount(node, segments, replace=replace)
+            self.table.mount(node, segments, replace=replace, remount=request.remount)
         except IdentityConflictError as exc:
             log.error("refused the mount of node %s: %s", node.node_id, exc.message)
             return pb.MountSegmentResponse(status=_status(exc))

@@ -73,7 +73,11 @@ class PutMethods(ServicerBase):
         without a commit, which wait for the nodes' next write fence (fences.py).  While there
         is some, a put takes free room only; one that finds none gives every lease back and,
         once the nodes took a fence (that room is free then), starts again the usual way
-        (evicting, or NoSpaceError)."""
+        (evicting, or NoSpaceError).  Puts that arrive while a node mounted again a moment ago
+        holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first."""
+        hold = self.table.remount_hold_s()
+        if hold > 0:
+            await asyncio.sleep(hold)
         if not self._room_coming():
             return await each(items, lambda i: self._put_start(i, owner))
         waiting: list[int] = []

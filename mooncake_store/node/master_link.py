@@ -61,8 +61,14 @@ class MasterLink:
         unmount_timeout_s: float = 2.0,
         mount_timeout_s: float = 5.0,
         on_fences: Callable[[Sequence[pb.WriteFence] | None, str], None] | None = None,
+        on_mounting: Callable[[bool], None] | None = None,
     ) -> None:
         self.master = master
+        # Called (on this link's thread) with True before a mount again (same-host copies
+        # stop: the mount may be new to the master, which then hands the pool's room out
+        # afresh) and with False once it is over (its fences shown, or the old ones again).
+        self._on_mounting = on_mounting
+        self.ever_mounted = False
         # Called (on this link's thread) with each mount reply's fences and their signature,
         # and with None before mounting again after the master forgot the node.
         self._on_fences = on_fences
@@ -155,8 +161,19 @@ class MasterLink:
         wait = self._closed_at + REMOUNT_GRACE_S - time.monotonic()
         if wait > 0 and self._stop.wait(wait):
             return False
+        again = self.ever_mounted
+        if again and self._on_mounting is not None:
+            self._on_mounting(True)
+        try:
+            return self._mount(timeout_s, keep_mounted=keep_mounted, again=again)
+        finally:
+            if again and self._on_mounting is not None:
+                self._on_mounting(False)
+
+    def _mount(self, timeout_s: float, *, keep_mounted: bool, again: bool) -> bool:
         try:
             request = self._build_mount()
+            request.remount = again  # the master holds the room of a mount new to it back
             reply = self._stub.MountSegment(
                 request,
                 timeout=timeout_s,
@@ -188,6 +205,7 @@ class MasterLink:
             log.info("mounted on master %s as %s (%d segments)", self.master, self.node_id,
                      len(request.segments))  # fmt: skip
         self.mounted.set()
+        self.ever_mounted = True
         return True
 
     def start(self) -> None:

@@ -208,7 +208,7 @@ class StoreNode:
             max_message_bytes=cfg.master_max_message_bytes,
             call_timeout_s=cfg.master_call_timeout_s,
             unmount_timeout_s=cfg.unmount_timeout_s, mount_timeout_s=cfg.mount_timeout_s,
-            on_fences=self._take_fences,
+            on_fences=self._take_fences, on_mounting=self._mounting,
         )  # fmt: skip
         if self.token:  # found while the link built its first mount request
             self._link.set_token(bearer(self.token), node_secret_of(self.token))
@@ -221,6 +221,11 @@ class StoreNode:
         self._link.start()
         self._tracker = loop.create_task(self._track_mount())
         return self.port
+
+    def _mounting(self, on: bool) -> None:
+        """The master link's hook around a mount again: same-host copies stop meanwhile."""
+        if self.access is not None:
+            self.access.gate.mounting(self.segment_id, on)
 
     def _take_fences(self, fences: Sequence[pb.WriteFence] | None, signature: str) -> None:
         """The master link's hook (on its thread): close the DRAM segment to writes before

@@ -16,7 +16,8 @@ Two rules end a WRITE grant (common/grant.py) on the node, both checked before a
   (after it forgot the node, or after the master restarted) refuses every grant issued before
   that mount at once; the master's FenceWrites pushes later ones (`fenced`).  A write is
   admitted only when both the mount fence and the latest pushed fence admit it: a push computed
-  before the mount and delivered after it can end generations, never reopen one.  A segment
+  before the mount and delivered after it can end generations, never reopen one, and a mount
+  reply delivered after a later push keeps that push.  A segment
   the node is (re)mounting is `closed` (refuses every write) until the mount reply arrives.
 Every fence change also goes to `watcher`: the node shows the fences to same-host clients in
 shared memory, since their copies into the pool never reach the gate (common/shm_fence.py).
@@ -34,13 +35,16 @@ interval; a generation's intervals are kept sorted, disjoint and merged when adj
 found by bisection (O(log n) search; inserting moves a list tail, which is memmove-cheap).
 Writes being received are at most one per connection.
 
-Not governed: a same-host client maps the pool read-write (client/shm.py, handed only to the
-node's own uid, or its group with --shm-group), so its copies never meet a grant, a seal or a
-fence; grants bind TCP and gRPC writers only.
+Same-host copies: a same-host client maps the pool read-write (client/shm.py, handed only to the
+node's own uid, or its group with --shm-group), so its copies never reach this gate and are never
+sealed.  The gate's fences reach them anyway: `watcher` mirrors every fence change into a page
+of shared memory the client checks before (and while) it copies (common/shm_fence.py); an
+honest client copies only under a grant the fences admit.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,6 +130,8 @@ class WriteGate:
         self._seals: dict[int, dict[int, _Generation]] = {}  # segment -> generation -> writes
         self._tracked = 0  # generations in _seals, all segments
         self._sweep_at = _SWEEP_FIRST
+        self._lock = threading.Lock()  # fence changes come from the mount thread and the loop
+        self._mounting: set[int] = set()  # segments shown closed to `watcher` (`mounting`)
         # Called with (segment, mount fence, pushed fence or None) after every fence change:
         # the node mirrors them into shared memory for same-host copies (common/shm_fence.py).
         self.watcher: Callable[[int, WriteFence, WriteFence | None], None] | None = None
@@ -133,28 +139,49 @@ class WriteGate:
     # ---- fences -------------------------------------------------------------------------
 
     def close(self, segment_id: int) -> None:
-        """Refuse every write to the segment until its mount reply (`mounted`) arrives.  One
-        dict store per call: safe from the thread that mounts (node/master_link.py)."""
-        self._mount[segment_id] = CLOSED
-        self._changed(segment_id)
+        """Refuse every write to the segment until its mount reply (`mounted`) arrives.  Safe
+        from the thread that mounts (node/master_link.py)."""
+        with self._lock:
+            self._mount[segment_id] = CLOSED
+            self._changed(segment_id)
 
     def mounted(self, segment_id: int, fence: WriteFence) -> None:
-        """The fence of a mount reply: it replaces every earlier fence of the segment (a new
-        master's generations are its own).  Thread-safe like `close`; prune afterwards on
-        the event loop (`prune`)."""
-        self._mount[segment_id] = fence
-        self._pushed.pop(segment_id, None)
-        self._changed(segment_id)
+        """The fence of a mount reply.  It replaces the segment's mount fence, and its pushed
+        fence too unless that one is a later push of the same master (a floor at least the
+        mount's: floors only grow, and a new master's start above every earlier one's), so a
+        mount reply that arrives late never reopens a generation a push ended (its room may be
+        another put's already).  Thread-safe like `close`; prune afterwards on the event loop
+        (`prune`)."""
+        with self._lock:
+            self._mount[segment_id] = fence
+            pushed = self._pushed.get(segment_id)
+            if pushed is not None and pushed.floor < fence.floor:
+                del self._pushed[segment_id]
+            self._changed(segment_id)
 
     def fenced(self, segment_id: int, fence: WriteFence, now_ms: int) -> None:
         """A fence the master pushed (FenceWrites): replaces the previous pushed one."""
-        self._pushed[segment_id] = fence
-        self._changed(segment_id)
+        with self._lock:
+            self._pushed[segment_id] = fence
+            self._changed(segment_id)
         self.prune(segment_id, now_ms)
+
+    def mounting(self, segment_id: int, on: bool) -> None:
+        """While the node mounts again (`on`), show `watcher` the segment closed: same-host
+        copies stop, although the gate itself goes on admitting what its fences admit (the
+        master may know the node still).  Thread-safe like `close`."""
+        with self._lock:
+            if on:
+                self._mounting.add(segment_id)
+            else:
+                self._mounting.discard(segment_id)
+            self._changed(segment_id)
 
     def _changed(self, segment_id: int) -> None:
         if self.watcher is not None:
             mount = self._mount.get(segment_id, CLOSED)
+            if segment_id in self._mounting:
+                mount = CLOSED
             self.watcher(segment_id, mount, self._pushed.get(segment_id))
 
     def ended(self, segment_id: int, generation: int) -> bool:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from mooncake_store import AsyncClient, Client, ObjectNotFoundError
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
+from mooncake_store.master.membership import REMOUNT_HOLD_S
 from tests.conftest import FAST_MASTER, wait_until
 
 MiB = 1 << 20
@@ -103,6 +105,7 @@ def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):
             cluster.master.proc.wait()
             cluster.start_master()
             cluster.wait_for_nodes(1)
+            time.sleep(REMOUNT_HOLD_S)  # the node mounted again: no room (nor lease) before
             value = os.urandom(MiB)
             assert not store.put("after", value).deduplicated  # the lease is gone: two-phase
             assert store.get("after") == value

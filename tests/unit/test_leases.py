@@ -20,8 +20,10 @@ from mooncake_store.master.leases import (
     release_all,
     release_lease,
 )
+from mooncake_store.master.membership import REMOUNT_HOLD_S
 from mooncake_store.master.object_table import ObjectTable, TableConfig
-from tests.unit.test_object_table import Clock, MiB, commit, mount, used
+from mooncake_store.master.segments import SegmentInfo, Tier
+from tests.unit.test_object_table import Clock, MiB, commit, mount, node_info, used
 
 
 @pytest.fixture
@@ -177,4 +179,26 @@ def test_the_room_of_released_leases_comes_with_the_next_write_fence(clock):
     [(seg, floor, open_)] = t.take_fences()
     t.fence_acked(seg, floor, open_)  # the node refuses their grants now
     assert t.room_after_fence() == 0 and used(t) == 0
+    t.validate()
+
+
+def test_a_node_mounted_again_gets_no_put_for_a_moment_where_the_mount_is_new(clock):
+    """A node mounting again on a master to which the mount is new (the master restarted, or
+    dropped it) may have same-host clients still copying under the earlier mount's grants:
+    none of its room is handed out for REMOUNT_HOLD_S; a repeated mount changes nothing."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock)
+    node = node_info("node-0")
+    t.mount(node, [(SegmentInfo(node, 100, Tier.DRAM, 16 * MiB), None)], remount=True)
+    with pytest.raises(NoSpaceError, match="mounted again"):
+        t.put_start("k", MiB, 1)
+    assert grant_leases(t, MiB, 1, 1, owner=1) == []
+    t.mount(node, [(SegmentInfo(node, 100, Tier.DRAM, 16 * MiB), None)], remount=True)
+    clock.now += REMOUNT_HOLD_S - 0.01  # the repeat did not extend the hold
+    with pytest.raises(NoSpaceError):
+        t.put_start("k", MiB, 1)
+    clock.now += 0.02
+    assert len(t.put_start("k", MiB, 1).placements) == 1
+    other = node_info("node-1")
+    t.mount(other, [(SegmentInfo(other, 200, Tier.DRAM, 16 * MiB), None)])  # a first mount
+    assert len(t.put_start("k2", MiB, 2).placements) == 2  # no hold
     t.validate()

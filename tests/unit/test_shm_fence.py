@@ -114,3 +114,47 @@ def test_the_page_a_client_gets_cannot_be_mapped_for_writing(page_and_view):
             mmap.mmap(readonly, PAGE_BYTES, flags=mmap.MAP_SHARED)
     finally:
         os.close(readonly)
+
+
+def test_the_page_a_client_gets_cannot_be_reopened_writable_nor_resized(page_and_view):
+    """Found by review: memfd inodes are mode 0777, so a read-only descriptor could be reopened
+    read-write through /proc and the page rewritten or truncated (SIGBUS for the node and
+    every client).  The page is sealed once the node has mapped it."""
+    page, view = page_and_view
+    readonly = os.open(f"/proc/self/fd/{page.fd}", os.O_RDONLY)
+    try:
+        reopened = os.open(f"/proc/self/fd/{readonly}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                mmap.mmap(reopened, PAGE_BYTES, flags=mmap.MAP_SHARED)  # F_SEAL_FUTURE_WRITE
+            with pytest.raises(PermissionError):
+                os.write(reopened, b"\xff" * 8)
+            with pytest.raises(PermissionError):
+                os.ftruncate(reopened, 0)  # F_SEAL_SHRINK
+        finally:
+            os.close(reopened)
+    finally:
+        os.close(readonly)
+    page.publish(WriteFence(7, frozenset()), None)  # the node's own mapping still writes
+    assert view.admits(7) and not view.admits(6)
+
+
+def test_a_gate_mounting_again_shows_the_page_closed_and_keeps_admitting_itself(page_and_view):
+    page, view = page_and_view
+    gate = _mirrored_gate(page)
+    gate.mounted(SEG, WriteFence(100, frozenset()))
+    gate.mounting(SEG, True)  # the mount may be new to the master: copies stop
+    assert not view.admits(150) and not gate.ended(SEG, 150)  # TCP: the gate decides
+    gate.fenced(SEG, WriteFence(120, frozenset()), now_ms=0)  # a push meanwhile: still closed
+    assert not view.admits(150)
+    gate.mounting(SEG, False)  # the mount failed: its fences again
+    assert view.admits(150) and not view.admits(110)
+
+
+def test_a_closed_view_admits_nothing_and_closes_once(page_and_view):
+    page, view = page_and_view
+    page.publish(WriteFence(0, frozenset()), None)
+    assert view.admits(5)
+    view.close()
+    view.close()
+    assert not view.admits(5)

@@ -135,10 +135,10 @@ def test_a_mount_closes_then_fences_and_a_stale_push_cannot_reopen():
     gate.fenced(SEG, WriteFence(95, frozenset({80, 90})), now_ms=0)
     assert gate.refusal(SEG, 80, 0, 1) == ENDED
     assert gate.refusal(SEG, 90, 0, 1) is None
-    # A new master (its generations start from its wall clock) mounts the node again: its
-    # fence replaces the earlier ones, whatever their floors.
-    gate.mounted(SEG, WriteFence(50, frozenset()))
-    assert gate.refusal(SEG, 60, 0, 1) is None
+    # A new master mounts the node again: its generations start above every earlier
+    # master's (master/generations.py), and its fence replaces the earlier ones.
+    gate.mounted(SEG, WriteFence(1000, frozenset()))
+    assert gate.refusal(SEG, 1000, 0, 1) is None and gate.refusal(SEG, 90, 0, 1) == ENDED
 
 
 def test_seal_memory_is_swept_without_fences():
@@ -146,3 +146,16 @@ def test_seal_memory_is_swept_without_fences():
     for generation in range(3000):  # puts whose grants expired, and no fence ever came
         gate.finish(gate.begin(SEG, generation, 0, 10, expires_ms=5), now_ms=10)
     assert gate.generations() <= 1024 + 1
+
+
+def test_a_mount_reply_that_arrives_after_a_later_push_keeps_the_push():
+    """Found by review: a repeated mount's reply, built while generation 90 was still open,
+    arrived after the push that ended it (its room then another put's): the push stays."""
+    gate = WriteGate()
+    gate.mounted(SEG, WriteFence(100, frozenset()))
+    gate.fenced(SEG, WriteFence(120, frozenset()), now_ms=0)  # ends 110 (open in the reply)
+    gate.mounted(SEG, WriteFence(105, frozenset({110})))  # the late reply of a repeated mount
+    assert gate.refusal(SEG, 110, 0, 1) == ENDED
+    assert gate.refusal(SEG, 120, 0, 1) is None
+    gate.mounted(SEG, WriteFence(5000, frozenset()))  # a new master: its floor is above
+    assert gate.refusal(SEG, 130, 0, 1) == ENDED and gate.refusal(SEG, 5000, 0, 1) is None

@@ -1,0 +1,68 @@
+"""A copy into a pool under a write grant stops within a chunk once the grant is no longer
+admitted (client/steps.py guards, client/shm.py `ShmMapper.copy_guard`)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from mooncake_store.client.shm import CopyStopped, ShmMapper
+from mooncake_store.client.steps import copy_checksum, copy_parts_into
+from mooncake_store.client.types import ReplicaLocation
+from mooncake_store.common.checksum import CHUNK_BYTES, checksum
+from mooncake_store.common.grant import Grant, GrantMode, sign_grant
+
+MiB = 1 << 20
+
+
+def _guard_ending_after(chunks: int):
+    calls = []
+
+    def guard() -> None:
+        calls.append(1)
+        if len(calls) > chunks:
+            raise CopyStopped("ended")
+
+    return guard, calls
+
+
+@pytest.mark.parametrize("size", [3 * MiB, 8 * MiB])  # one thread; two threads (halves)
+def test_a_guarded_copy_stops_within_a_chunk_of_its_grant_ending(size):
+    src = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    guard, calls = _guard_ending_after(2)
+    with pytest.raises(CopyStopped):
+        copy_checksum(memoryview(dst), memoryview(src), guard)
+    copied = int(np.count_nonzero(dst == src))
+    assert copied <= 3 * CHUNK_BYTES + 1024  # at most the chunks admitted (+ chance equals)
+    full = np.zeros(size, dtype=np.uint8)
+    guard, calls = _guard_ending_after(1 << 30)
+    assert copy_checksum(memoryview(full), memoryview(src), guard) == checksum(src)
+    assert len(calls) >= size // CHUNK_BYTES  # checked before every chunk
+
+
+def test_a_scatter_copy_is_guarded_before_every_part_and_chunk():
+    parts = [memoryview(np.full(n, i, dtype=np.uint8)) for i, n in enumerate([10, 2 * MiB, 5])]
+    region = memoryview(np.zeros(sum(len(p) for p in parts), dtype=np.uint8))
+    guard, calls = _guard_ending_after(1)
+    with pytest.raises(CopyStopped):
+        copy_parts_into(region, parts, guard)
+    guard, calls = _guard_ending_after(100)
+    copy_parts_into(region, parts, guard)
+    assert len(calls) >= 4
+
+
+def _loc(expires_ms: int, generation: int = 5) -> ReplicaLocation:
+    grant = sign_grant(b"k" * 32, Grant(7, 0, MiB, expires_ms, GrantMode.WRITE, generation))
+    return ReplicaLocation("n", 7, "n:1", "shm", 0, MiB, grant)
+
+
+def test_a_grant_near_its_expiry_is_not_copied_with():
+    """The master frees an expired put's room without its node's word (master/frees.py), so
+    a same-host copy never uses a grant within a second of its expiry."""
+    mapper = ShmMapper()  # no page mapped for segment 7: a two-phase grant may copy
+    now_ms = int(time.time() * 1000)
+    counters: dict[str, int] = {}
+    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=False, counters=counters) is not None
+    assert mapper.copy_guard(_loc(now_ms + 500), leased=False, counters=counters) is None
+    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=True, counters=counters) is None
