@@ -75,9 +75,26 @@ class PutMethods(ServicerBase):
         once the nodes took a fence (that room is free then), starts again the usual way
         (evicting, or NoSpaceError).  Puts that arrive while a node mounted again a moment ago
         holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first."""
-        hold = self.table.remount_hold_s()
-        if hold > 0:
-            await asyncio.sleep(hold)
+        await self._sit_out_remount_hold()
+        results = await self._put_starts_now(items, owner)
+        held = [n for n, r in enumerate(results) if r.status.code == NoSpaceError.code]
+        if held and self.table.remount_hold_s() > 0:  # a node mounted again meanwhile
+            await self._sit_out_remount_hold()
+            for n in held:
+                results[n] = self._put_start(items[n], owner)
+        return results
+
+    async def _sit_out_remount_hold(self) -> None:
+        """Wait until no segment holds its room back (a timer may fire a little early)."""
+        for _ in range(100):
+            hold = self.table.remount_hold_s()
+            if hold <= 0:
+                return
+            await asyncio.sleep(hold + 0.002)
+
+    async def _put_starts_now(
+        self, items: list[pb.PutStartItem], owner: int
+    ) -> list[pb.PutStartResult]:
         if not self._room_coming():
             return await each(items, lambda i: self._put_start(i, owner))
         waiting: list[int] = []
