@@ -57,9 +57,7 @@ class ShmMapper:
         page = self._fences.get(segment_id)
         return None if page is None else page.admits(generation)
 
-    def copy_guard(
-        self, loc: ReplicaLocation, *, leased: bool, counters: dict[str, int]
-    ) -> Guard | None:
+    def copy_guard(self, loc: ReplicaLocation, *, leased: bool) -> Guard | None:
         """A guard for copies into `loc`'s mapped pool under its write grant (client/steps.py
         runs it before every 1 MiB of a copy), or None when the grant may not be copied with
         now.  A grant may be copied with while the write fences its node shows in shared
@@ -84,7 +82,6 @@ class ShmMapper:
 
         def guard() -> None:
             if not allowed():
-                counters["copies_stopped"] = counters.get("copies_stopped", 0) + 1
                 raise CopyStopped(f"the write grant of segment {segment_id:x} ended mid-copy")
 
         return guard

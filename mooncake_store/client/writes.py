@@ -305,11 +305,14 @@ class WriteFlows(LocationMemory):
         return redo
 
     def _copy_guard(self, loc: ReplicaLocation, *, leased: bool) -> Guard | None:
-        """ShmMapper.copy_guard, counting the copies refused and stopped."""
-        guard = self.shm.copy_guard(loc, leased=leased, counters=self.counters)
+        """ShmMapper.copy_guard, counting the copies refused."""
+        guard = self.shm.copy_guard(loc, leased=leased)
         if guard is None:
-            self.counters["copies_refused"] = self.counters.get("copies_refused", 0) + 1
+            self._count("copies_refused")
         return guard
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
 
     def _give_back(self, lease_ids: list[str]) -> Flow[None]:
         """Release leases after a failed copy, best effort (the master reclaims them anyway)."""
@@ -387,6 +390,7 @@ class WriteFlows(LocationMemory):
                 try:
                     self._copy_into(p, loc, pool, hash_it=not hashed, guard=guard)
                 except CopyStopped:
+                    self._count("copies_stopped")
                     remote.append((p, loc))  # ended mid-copy: the node refuses it over TCP
                     continue
                 hashed = True
@@ -437,6 +441,7 @@ class WriteFlows(LocationMemory):
                 assert pool is not None
                 self._copy_into(p, loc, pool, hash_it=i == 0, guard=guard)
         except CopyStopped:
+            self._count("copies_stopped")
             return False  # likewise: what it copied lands in room nobody else has yet
         p.failed = []
         return True

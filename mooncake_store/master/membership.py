@@ -108,6 +108,7 @@ class Membership(ObjectColumns):
         self._nodes: dict[str, NodeState] = {}
         self._segments: dict[int, Segment] = {}  # every mounted segment
         self._offered: dict[int, Segment] = {}  # those of nodes not suspect: readers, writers
+        self._held_until = 0.0  # the latest `Segment.writable_after` set (remount_hold_s)
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._mounts = 0  # segment generations handed out (Segment.generation)
 
@@ -156,6 +157,7 @@ class Membership(ObjectColumns):
             seg = Segment(info, allocator, self._mounts)
             if remount:
                 seg.writable_after = self._clock() + REMOUNT_HOLD_S
+                self._held_until = max(self._held_until, seg.writable_after)
             self._segments[info.segment_id] = seg
             self._offered[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
@@ -295,9 +297,10 @@ class Membership(ObjectColumns):
         return self._offered.get(segment_id)
 
     def remount_hold_s(self) -> float:
-        """Seconds until every offered segment's room may be handed out again (0: now)."""
-        now = self._clock()
-        return max((s.writable_after - now for s in self._offered.values()), default=0.0)
+        """Seconds until every segment's room may be handed out again (0: now); asked on every
+        put, so one number, not a pass over the segments (a hold of a segment dropped since
+        is sat out too: half a second at most)."""
+        return max(0.0, self._held_until - self._clock())
 
     def mounted_segment(self, segment_id: int) -> Segment | None:
         """The segment while it is mounted, offered or not (its node may be suspect)."""

@@ -62,7 +62,6 @@ def test_a_grant_near_its_expiry_is_not_copied_with():
     a same-host copy never uses a grant within a second of its expiry."""
     mapper = ShmMapper()  # no page mapped for segment 7: a two-phase grant may copy
     now_ms = int(time.time() * 1000)
-    counters: dict[str, int] = {}
-    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=False, counters=counters) is not None
-    assert mapper.copy_guard(_loc(now_ms + 500), leased=False, counters=counters) is None
-    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=True, counters=counters) is None
+    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=False) is not None
+    assert mapper.copy_guard(_loc(now_ms + 500), leased=False) is None
+    assert mapper.copy_guard(_loc(now_ms + 60_000), leased=True) is None
