@@ -313,6 +313,7 @@ class MasterServer:
         if result.reclaimed_puts:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
         self._revoke_closed_grpc_owners()
+        self._servicer.prune_lease_stock()
         if result.deleted_keys:
             shown = ", ".join(repr(k) for k in result.deleted_keys[:5])
             more = (

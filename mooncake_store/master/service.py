@@ -30,6 +30,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.corruption import RecentChecks, Verifier
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.grpc_owners import GrpcOwners
+from mooncake_store.master.lease_stock import LeaseStock
 from mooncake_store.master.leases import lease_usage
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
@@ -66,6 +67,9 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.replication = replication
         self.drains = drains or Drains(table, replication)
         self.framed_port = 0  # set by the server once the framed endpoint listens
+        self.lease_stock = LeaseStock()  # leases minted ahead (service_leases.py)
+        self._refills: set[tuple[int, tuple[int, int]]] = set()
+        self._refill_tasks: set[asyncio.Task[None]] = set()
         self.grpc_owners = GrpcOwners()  # gRPC connections that started puts (the tick
         # revokes the puts of those the kernel no longer lists: master/grpc_owners.py)
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens

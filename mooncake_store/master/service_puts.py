@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.common.errors import MooncakeError, NoSpaceError, ObjectNotFoundError
 from mooncake_store.common.grant import GrantMode
 from mooncake_store.master.batches import capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
-from mooncake_store.master.leases import grant_leases, put_leased, release_all, release_lease
+from mooncake_store.master.leases import put_leased, release_all, release_lease
 from mooncake_store.master.object_table import PutStartOutcome
 from mooncake_store.master.objects import ObjectMeta
-from mooncake_store.master.service_base import _OK, ServicerBase, _location, _status
+from mooncake_store.master.service_base import _OK, _location, _status
+from mooncake_store.master.service_leases import LeaseMethods
 
 log = logging.getLogger("mooncake.master")
 
@@ -27,7 +27,7 @@ FENCE_WAIT_S = 3.0  # a put waits this long at most for the room a write fence f
 FENCE_WAITS_OFF_S = 10.0  # after a fence not taken in time, puts do not wait for this long
 
 
-class PutMethods(ServicerBase):
+class PutMethods(LeaseMethods):
     """The put methods (see the module docstring)."""
 
     # ---- puts --------------------------------------------------------------------------------
@@ -196,6 +196,7 @@ class PutMethods(ServicerBase):
 
     def connection_closed(self, owner: int) -> None:
         """A client connection closed: its pending puts will never end, revoke them now."""
+        self.drop_lease_stock(owner)
         revoked = self.table.revoke_owner(owner)
         if revoked:
             log.info("revoked %d pending puts of a client that disconnected", len(revoked))
@@ -298,24 +299,6 @@ class PutMethods(ServicerBase):
         return pb.BatchPutEndResponse(results=results, leases=leases)
 
     # ---- allocation leases (issue 14, master/leases.py) --------------------------------------
-
-    async def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
-        out: list[pb.Lease] = []
-        now = self.table._clock()
-        for want in wanted[:16]:
-            for lease_id, outcome in grant_leases(
-                self.table, want.size_bytes, want.replicas, want.count, owner
-            ):
-                out.append(pb.Lease(
-                    lease_id=lease_id, size_bytes=want.size_bytes,
-                    replicas=[_location(seg, r, want.size_bytes, outcome.deadline_s,
-                                        GrantMode.WRITE, outcome.generation)
-                              for seg, r in outcome.placements],
-                    expires_in_s=outcome.deadline_s - now, wanted_replicas=want.replicas,
-                ))  # fmt: skip
-        if out:
-            await self.persist_dirty()  # evicted blocks are gone before the space is reused
-        return out
 
     @capped("items")
     async def BatchLeasedPut(

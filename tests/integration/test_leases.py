@@ -97,6 +97,30 @@ def test_async_client_leases_by_default(cluster):
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("local_shm", [False, True], ids=["tcp", "same-host"])
+def test_steady_leases_are_minted_ahead_and_end_with_their_client(cluster, local_shm):
+    """A client that keeps putting one size gets its next lease from the leases the master
+    minted after its previous reply (master/lease_stock.py): the values read back, those
+    leases are reported as leases, and they end with the client's connection."""
+    with Client(cluster.master_address) as observer:
+        before = observer.stats()
+        with Client(cluster.master_address, local_shm=local_shm) as store:
+            values = {f"stock/{local_shm}/{i}": os.urandom(300_000) for i in range(8)}
+            for key, value in values.items():
+                store.put(key, value)
+            stats = observer.stats()
+            stocked = stats.counters.get("leases_from_stock", 0) - before.counters.get(
+                "leases_from_stock", 0
+            )
+            assert stocked >= 5  # the first put and the first leased one mint inline
+            assert store.counters["leased_puts"] == len(values) - 1
+            assert stats.leases >= before.leases + 2  # the client's next and the stocked one
+            assert store.get_many(list(values)) == list(values.values())
+        wait_until(lambda: observer.stats().leases == before.leases, timeout_s=10,
+                   what="the closed client's leases, stocked ones too, to end")  # fmt: skip
+        observer.remove_many(list(values))
+
+
 def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):
     with LocalCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
         with Client(cluster.master_address, leases=True, local_shm=False) as store:

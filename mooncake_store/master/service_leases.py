@@ -1,0 +1,123 @@
+"""The master service's lease grants: the leases a put's reply hands out for the next puts
+(rules: master/leases.py), served from leases minted ahead after the previous reply
+(master/lease_stock.py) so that minting is off the client's wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.common.grant import GrantMode
+from mooncake_store.master.lease_stock import Class, LeaseStock, Stocked
+from mooncake_store.master.leases import grant_leases, release_lease
+from mooncake_store.master.service_base import ServicerBase, _location
+
+log = logging.getLogger("mooncake.master")
+
+MAX_CLASSES_PER_CALL = 16
+
+
+class LeaseMethods(ServicerBase):
+    """Grants leases (from the stock first), refills the stock once the reply is out."""
+
+    lease_stock: LeaseStock
+    _refills: set[tuple[int, Class]]  # (owner, class) to mint for on the loop's next turn
+    _refill_tasks: set[asyncio.Task[None]]
+
+    def _lease_live(self, lease_id: str) -> bool:
+        return lease_id in self.table._lease_keys
+
+    def _mint(self, owner: int, cls: Class, count: int) -> list[Stocked]:
+        """Up to `count` new leases of `cls` for `owner` (not yet persisted)."""
+        size, replicas = cls
+        now = self.table._clock()
+        out = []
+        for lease_id, outcome in grant_leases(self.table, size, replicas, count, owner):
+            message = pb.Lease(
+                lease_id=lease_id, size_bytes=size,
+                replicas=[_location(seg, r, size, outcome.deadline_s, GrantMode.WRITE,
+                                    outcome.generation)
+                          for seg, r in outcome.placements],
+                expires_in_s=outcome.deadline_s - now, wanted_replicas=replicas,
+            )  # fmt: skip
+            out.append(Stocked(lease_id, now, outcome.deadline_s, message))
+        return out
+
+    async def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
+        """The leases asked for: stocked ones first, the rest minted now.  The stock of each
+        class asked for is refilled on the loop's next turn, after this reply is written."""
+        out: list[pb.Lease] = []
+        minted = False
+        now = self.table._clock()
+        for want in wanted[:MAX_CLASSES_PER_CALL]:
+            cls = (want.size_bytes, want.replicas)
+            stocked, stale, again = self.lease_stock.take(
+                owner, cls, want.count, now, self._lease_live
+            )
+            for lease_id in stale:
+                release_lease(self.table, lease_id)
+            if stocked:
+                counters = self.table.counters
+                counters["leases_from_stock"] = counters.get("leases_from_stock", 0) + len(stocked)
+            for lease in stocked:
+                lease.message.expires_in_s = lease.deadline_s - now
+                out.append(lease.message)
+            if want.count > len(stocked):
+                fresh = self._mint(owner, cls, want.count - len(stocked))
+                out += [lease.message for lease in fresh]
+                minted = minted or bool(fresh)
+            if again:
+                self._schedule_refill(owner, cls)
+        if minted:
+            await self.persist_dirty()  # evicted blocks are gone before the space is reused
+        return out
+
+    def _schedule_refill(self, owner: int, cls: Class) -> None:
+        if not self._refills:
+            # call_soon: after the handler returns and its reply is written (framed_server.py
+            # writes a reply in the same turn its handler ends).
+            asyncio.get_running_loop().call_soon(self._refill)
+        self._refills.add((owner, cls))
+
+    def _refill(self) -> None:
+        due, self._refills = self._refills, set()
+        batches = []
+        for owner, cls in due:
+            want = self.lease_stock.wanted(owner, cls)
+            if want:
+                minted = self._mint(owner, cls, want)
+                if minted:
+                    batches.append((owner, cls, minted))
+        if batches:
+            task = asyncio.get_running_loop().create_task(self._stock(batches))
+            self._refill_tasks.add(task)
+            task.add_done_callback(self._refill_tasks.discard)
+
+    async def _stock(self, batches: list[tuple[int, Class, list[Stocked]]]) -> None:
+        """Stock minted leases once what minting changed is durable (as `_grant_leases` does
+        before replying); leases that cannot be stocked are released."""
+        try:
+            await self.persist_dirty()
+        except Exception as exc:  # the keys stay dirty; the tick writes them again
+            log.warning("persisting before stocking leases failed: %s", exc)
+            for _, _, minted in batches:
+                for lease in minted:
+                    release_lease(self.table, lease.lease_id)
+            return
+        for owner, cls, minted in batches:
+            live = [lease for lease in minted if self._lease_live(lease.lease_id)]
+            for lease_id in self.lease_stock.add(owner, cls, live):
+                release_lease(self.table, lease_id)
+
+    def drop_lease_stock(self, owner: int) -> None:
+        """`owner`'s connection closed: its stocked leases are released (with its puts)."""
+        for lease_id in self.lease_stock.drop_owner(owner):
+            release_lease(self.table, lease_id)
+
+    def prune_lease_stock(self) -> None:
+        """Release stocked leases gone stale (the master's tick)."""
+        for lease_id in self.lease_stock.prune(self.table._clock(), self._lease_live):
+            release_lease(self.table, lease_id)
