@@ -22,6 +22,7 @@ from ssl import SSLContext
 from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.client.busy_poll import BusyPoll
 from mooncake_store.common.errors import (
     AccessDeniedError,
     InvalidArgumentError,
@@ -268,6 +269,7 @@ class BlockingFramedChannel:
         self._next_id = 0
         self._abandoned: set[int] = set()  # calls that timed out: their replies are skipped
         self._buffer = bytearray(64 * 1024)
+        self._poll = BusyPoll(sock)  # client/busy_poll.py
 
     @classmethod
     def connect(
@@ -329,6 +331,10 @@ class BlockingFramedChannel:
         """
         return self.receive(name, self.send(name, request))
 
+    def busy_polls(self) -> tuple[int, int]:
+        """(polls made, polls that saw the reply arrive) on this socket (client/busy_poll.py)."""
+        return self._poll.polls, self._poll.hits
+
     def send(self, name: str, request: Message) -> int:
         """Send one call and return its id, for `receive` (the caller may do other work in
         between: the reply waits in the socket).  Every sent call must be received, or
@@ -357,14 +363,16 @@ class BlockingFramedChannel:
         """Give up on a sent call without reading its reply (the next call skips it)."""
         self._abandoned.add(call_id)
 
-    def receive(self, name: str, call_id: int) -> Message:
-        """Read the reply of the call `send` sent as `call_id`.
+    def receive(self, name: str, call_id: int, busy_poll_s: float = 0.0) -> Message:
+        """Read the reply of the call `send` sent as `call_id`, first polling the socket for up
+        to `busy_poll_s` before the read may sleep (client/busy_poll.py).
 
         Raises:
             ChannelClosedError: the connection failed after the request went out (`sent` True).
             CallTimeoutError: no reply within the socket's timeout.
             FramedCallError: the master answered with an error status.
         """
+        self._poll.wait(busy_poll_s)
         while True:
             try:
                 reply_id, status, body = self._read_frame()
@@ -399,10 +407,7 @@ class BlockingFramedChannel:
         if _is_tls(self.sock):
             return self._tls_closed_by_peer()
         try:
-            poller = select.poll()  # not select(): it cannot watch a socket numbered >= 1024
-            poller.register(self.sock, select.POLLIN)
-            readable = poller.poll(0)
-            return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
+            return self._poll.readable() and self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 

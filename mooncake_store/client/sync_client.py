@@ -52,8 +52,17 @@ from mooncake_store.common.tls import TlsConfig
 T = TypeVar("T")
 
 
+DEFAULT_BUSY_POLL_US = 250
+
+
 class Client:
-    """Synchronous client; takes the same arguments as AsyncClient.
+    """Synchronous client; takes the same arguments as AsyncClient, and `busy_poll_us`.
+
+    `busy_poll_us` (default 250; 0: never): while one thread of this client is running an
+    operation, it waits for a master reply by polling its socket for up to this long before
+    it sleeps, which saves the wake-up (~40-70 us a call on small VMs) for the CPU it spends
+    polling.  With several threads in operations at once, none polls (they would take turns
+    on the GIL instead).
 
     Example:
         with Client("127.0.0.1:50051") as store:
@@ -61,7 +70,15 @@ class Client:
             assert store.get("key") == b"bytes"
     """
 
-    def __init__(self, master: str = DEFAULT_MASTER, **options: Any) -> None:
+    def __init__(
+        self, master: str = DEFAULT_MASTER, *, busy_poll_us: int = DEFAULT_BUSY_POLL_US,
+        **options: Any,
+    ) -> None:  # fmt: skip
+        if busy_poll_us < 0:
+            raise InvalidArgumentError(f"busy_poll_us must be >= 0, got {busy_poll_us}")
+        self._busy_poll_s = busy_poll_us / 1e6
+        self._driving = 0  # threads inside an operation (`_drive`): busy polling while one
+        self._driving_lock = threading.Lock()
         self._async = AsyncClient(master, **options)  # its runner carries stats, list_nodes
         self._flows = self._async.flows  # the operations, driven here in the calling thread
         self._loop = new_event_loop()
@@ -86,8 +103,16 @@ class Client:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Transfers by data path and checksum failures (see AsyncClient.counters)."""
-        return dict(self._async.counters)
+        """Transfers by data path and checksum failures (see AsyncClient.counters), and the
+        replies waited for by busy polling: `busy_polls`, and `busy_poll_hits` (those whose
+        reply came within the window)."""
+        out = dict(self._async.counters)
+        with self._channels_lock:
+            polls = [c.busy_polls() for c in self._channels]
+            polls += [n.busy_polls() for n in self._node_sets]
+        out["busy_polls"] = sum(p[0] for p in polls)
+        out["busy_poll_hits"] = sum(p[1] for p in polls)
+        return out
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
@@ -100,6 +125,15 @@ class Client:
         if self._closed:
             flow.close()
             raise RuntimeError("this Client is closed")
+        with self._driving_lock:
+            self._driving += 1
+        try:
+            return self._steps(flow)
+        finally:
+            with self._driving_lock:
+                self._driving -= 1
+
+    def _steps(self, flow: Flow[T]) -> T:
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -130,6 +164,7 @@ class Client:
             )
             with self._channels_lock:
                 self._node_sets.append(nodes)
+        nodes.busy_poll_s = self._busy_poll_s if self._driving == 1 else 0.0
         if len(transfers) == 1:
             t = transfers[0]
             try:
@@ -220,7 +255,8 @@ class Client:
                     except BaseException:  # an interrupt: the reply is skipped by the next call
                         channel.abandon(call_id)
                         raise
-                reply = channel.receive(call.name, call_id)
+                busy_poll = self._busy_poll_s if self._driving == 1 else 0.0
+                reply = channel.receive(call.name, call_id, busy_poll)
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:

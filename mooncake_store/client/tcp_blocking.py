@@ -9,6 +9,7 @@ import socket
 from collections.abc import Sequence
 from ssl import SSLContext
 
+from mooncake_store.client.busy_poll import BusyPoll
 from mooncake_store.client.tcp_wire import (
     _connect_failed,
     _recv_exactly,
@@ -43,11 +44,21 @@ class BlockingNodeConnections:
         self.timeout_s = timeout_s
         self.ssl = ssl
         self._socks: dict[str, socket.socket] = {}
+        self._polls: dict[socket.socket, BusyPoll] = {}
+        #: How long a reply is polled for before the read may sleep (client/busy_poll.py);
+        #: set by the sync Client before each operation's transfers.
+        self.busy_poll_s = 0.0
+
+    def busy_polls(self) -> tuple[int, int]:
+        """(polls made, polls that saw the reply arrive) on these sockets (client/busy_poll.py)."""
+        polls = list(self._polls.values())
+        return sum(p.polls for p in polls), sum(p.hits for p in polls)
 
     def close(self) -> None:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
+        self._polls.clear()
 
     def _connect(self, endpoint: str) -> socket.socket:
         host, port = split_host_port(endpoint)
@@ -68,6 +79,7 @@ class BlockingNodeConnections:
     def _drop(self, endpoint: str) -> None:
         sock = self._socks.pop(endpoint, None)
         if sock is not None:
+            self._polls.pop(sock, None)
             sock.close()
 
     def exchange(
@@ -224,6 +236,11 @@ class BlockingNodeConnections:
         request on a reused connection), a connection the node had already closed raises
         _StaleConnection, for one retry on a fresh one."""
         try:
+            if self.busy_poll_s > 0:
+                poll = self._polls.get(sock)
+                if poll is None:
+                    poll = self._polls[sock] = BusyPoll(sock)
+                poll.wait(self.busy_poll_s)
             header = bytearray(RESPONSE.size)
             got = sock.recv_into(header)
             if got == 0:

@@ -91,7 +91,9 @@ class LeaseMethods(ServicerBase):
                 minted = self._mint(owner, cls, want)
                 if minted:
                     batches.append((owner, cls, minted))
-        if batches:
+        if batches and not self.table.has_dirty():  # nothing to persist first: stock now
+            self._stock_minted(batches)
+        elif batches:
             task = asyncio.get_running_loop().create_task(self._stock(batches))
             self._refill_tasks.add(task)
             task.add_done_callback(self._refill_tasks.discard)
@@ -107,6 +109,9 @@ class LeaseMethods(ServicerBase):
                 for lease in minted:
                     release_lease(self.table, lease.lease_id)
             return
+        self._stock_minted(batches)
+
+    def _stock_minted(self, batches: list[tuple[int, Class, list[Stocked]]]) -> None:
         for owner, cls, minted in batches:
             live = [lease for lease in minted if self._lease_live(lease.lease_id)]
             for lease_id in self.lease_stock.add(owner, cls, live):
