@@ -17,7 +17,9 @@ minted leases may still be handed out:
   would have given it (the client uses a lease within its first half-life: client/leases.py);
   a stale one is released;
 - only while the table still holds it (it may have expired, been taken back for room, or died
-  with its node);
+  with its node) where a lease minted now could be: every replica it was granted still on a
+  node offered to puts (not suspect, dropped or draining to stop: review found a put placed on
+  a draining node through a lease stocked before its drain began); one that is not is released;
 - at most what the connection asked for last time, per (size, replicas) class, and at most
   `MAX_CLASSES` classes per connection (the oldest class is dropped, and released).
 """
@@ -46,6 +48,14 @@ class Stocked:
         return self.deadline_s - now >= FRESH_SHARE * (self.deadline_s - self.minted_s)
 
 
+Usable = Callable[[Stocked], bool]  # still held by the table where a fresh mint could be
+
+
+def _handable(lease: Stocked, now: float, usable: Usable) -> bool:
+    """The one rule: a stocked lease is handed out while fresh and usable (else released)."""
+    return lease.fresh(now) and usable(lease)
+
+
 class LeaseStock:
     """Minted leases waiting for the connection that will ask for them."""
 
@@ -57,10 +67,11 @@ class LeaseStock:
         return sum(len(held) for classes in self._stock.values() for held in classes.values())
 
     def take(
-        self, owner: int, cls: Class, count: int, now: float, live: Callable[[str], bool]
+        self, owner: int, cls: Class, count: int, now: float, usable: Usable
     ) -> tuple[list[Stocked], list[str], bool]:
-        """Up to `count` fresh live leases of `cls` for `owner`; the ids of stocked leases not
-        to hand out (stale, or of a class no longer stocked: to release); and whether to
+        """Up to `count` fresh usable leases of `cls` for `owner`; the ids of stocked leases
+        not to hand out (stale, unusable, or of a class no longer stocked: to release; one
+        already gone is released by nobody); and whether to
         stock this class for `owner`: only once it asks for it again (a put of a size seen
         once holds no more than it asked for).  Remembers `count` as what to keep."""
         if owner == 0 or count <= 0:
@@ -78,9 +89,7 @@ class LeaseStock:
         out: list[Stocked] = []
         while held and len(out) < count:
             lease = held.pop(0)
-            if not live(lease.lease_id):
-                continue
-            if lease.fresh(now):
+            if _handable(lease, now, usable):
                 out.append(lease)
             else:
                 stale.append(lease.lease_id)
@@ -115,25 +124,20 @@ class LeaseStock:
         classes = self._stock.pop(owner, {})
         return [x.lease_id for held in classes.values() for x in held]
 
-    def prune(self, now: float, live: Callable[[str], bool]) -> list[str]:
-        """Drop leases that are gone or stale (ids of the stale ones, to release), and the
+    def prune(self, now: float, usable: Usable) -> list[str]:
+        """Drop the leases not to hand out any more (their ids, to release), and the
         connections left with none."""
-        stale: list[str] = []
+        stale_leases: list[Stocked] = []
         for owner in list(self._stock):
             classes = self._stock[owner]
             for cls in list(classes):
-                keep = []
+                keep: list[Stocked] = []
                 for lease in classes[cls]:
-                    if not live(lease.lease_id):
-                        continue
-                    if lease.fresh(now):
-                        keep.append(lease)
-                    else:
-                        stale.append(lease.lease_id)
+                    (keep if _handable(lease, now, usable) else stale_leases).append(lease)
                 if keep:
                     classes[cls] = keep
                 else:
                     del classes[cls]
             if not classes:
                 del self._stock[owner]
-        return stale
+        return [x.lease_id for x in stale_leases]

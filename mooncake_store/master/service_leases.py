@@ -27,8 +27,21 @@ class LeaseMethods(ServicerBase):
     _refills: set[tuple[int, Class]]  # (owner, class) to mint for on the loop's next turn
     _refill_tasks: set[asyncio.Task[None]]
 
-    def _lease_live(self, lease_id: str) -> bool:
-        return lease_id in self.table._lease_keys
+    def _lease_usable(self, lease: Stocked) -> bool:
+        """Still an unused lease, with every replica it was granted on a node offered to puts
+        (not suspect, dropped or draining): where a lease minted now could be."""
+        table = self.table
+        slot = table._slot.get(lease.lease_id)
+        if slot is None or lease.lease_id not in table._lease_keys:
+            return False
+        replicas = table._replicas(slot)
+        if len(replicas) != len(lease.message.replicas):  # one died with its node
+            return False
+        for replica in replicas:
+            seg = table._offered.get(replica.segment_id)
+            if seg is None or seg.node_id in table.draining:
+                return False
+        return True
 
     def _mint(self, owner: int, cls: Class, count: int) -> list[Stocked]:
         """Up to `count` new leases of `cls` for `owner` (not yet persisted)."""
@@ -55,7 +68,7 @@ class LeaseMethods(ServicerBase):
         for want in wanted[:MAX_CLASSES_PER_CALL]:
             cls = (want.size_bytes, want.replicas)
             stocked, stale, again = self.lease_stock.take(
-                owner, cls, want.count, now, self._lease_live
+                owner, cls, want.count, now, self._lease_usable
             )
             for lease_id in stale:
                 release_lease(self.table, lease_id)
@@ -113,7 +126,7 @@ class LeaseMethods(ServicerBase):
 
     def _stock_minted(self, batches: list[tuple[int, Class, list[Stocked]]]) -> None:
         for owner, cls, minted in batches:
-            live = [lease for lease in minted if self._lease_live(lease.lease_id)]
+            live = [lease for lease in minted if lease.lease_id in self.table._lease_keys]
             for lease_id in self.lease_stock.add(owner, cls, live):
                 release_lease(self.table, lease_id)
 
@@ -123,6 +136,6 @@ class LeaseMethods(ServicerBase):
             release_lease(self.table, lease_id)
 
     def prune_lease_stock(self) -> None:
-        """Release stocked leases gone stale (the master's tick)."""
-        for lease_id in self.lease_stock.prune(self.table._clock(), self._lease_live):
+        """Release stocked leases gone stale or unusable (the master's tick)."""
+        for lease_id in self.lease_stock.prune(self.table._clock(), self._lease_usable):
             release_lease(self.table, lease_id)

@@ -18,7 +18,7 @@ from mooncake_store import AsyncClient, Client, ObjectNotFoundError
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.master.membership import REMOUNT_HOLD_S
-from tests.conftest import FAST_MASTER, wait_until
+from tests.conftest import FAST_MASTER, replica_list, wait_until
 
 MiB = 1 << 20
 
@@ -119,6 +119,34 @@ def test_steady_leases_are_minted_ahead_and_end_with_their_client(cluster, local
         wait_until(lambda: observer.stats().leases == before.leases, timeout_s=10,
                    what="the closed client's leases, stocked ones too, to end")  # fmt: skip
         observer.remove_many(list(values))
+
+
+def test_a_lease_stocked_before_its_node_began_draining_is_not_handed_out(tmp_path):
+    """Found by review: the master hands out a lease it minted ahead (master/lease_stock.py) as
+    long as it is fresh, and handed out one on a node that had begun draining to stop since,
+    so a put was placed on a draining node (drain.py: no new put is placed on it).  Now a
+    stocked lease whose node is no longer offered to puts (draining, suspect or dropped) is
+    released instead, and the put gets a lease minted where a put may go."""
+    with InProcessCluster(tmp_path, nodes=2, dram="16MiB", master_args=FAST_MASTER) as c:
+        servicer = c.master.server._servicer
+        with Client(c.master_address, local_shm=False) as store:
+            for i in range(4):  # steady: each reply's lease comes from the stock
+                store.put(f"drained/{i}", os.urandom(300_000))
+
+            async def drain_the_stocked_leases_node() -> str:
+                [node] = {r.node_id for classes in servicer.lease_stock._stock.values()
+                          for held in classes.values() for lease in held
+                          for r in lease.message.replicas}  # fmt: skip
+                servicer.drains.drain(node, 0)  # as `mooncake-admin drain` does
+                return node
+
+            draining = c.master.call(drain_the_stocked_leases_node())
+            store.put("drained/held", os.urandom(300_000))  # its reply: the stocked lease
+            value = os.urandom(300_000)
+            store.put("drained/next", value)
+            placed = [r.node_id for r in replica_list(c.master_address, "drained/next").replicas]
+            assert draining not in placed
+            assert store.get("drained/next") == value
 
 
 def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):

@@ -19,7 +19,7 @@ def lease(name: str, minted: float = 0.0, life: float = 10.0) -> Stocked:
     return Stocked(name, minted, minted + life, message=None)
 
 
-def everything(_: str) -> bool:
+def everything(_: Stocked) -> bool:
     return True
 
 
@@ -39,9 +39,9 @@ def test_fresh_live_leases_are_handed_out_in_order_and_the_rest_released():
     assert len(stock) == 3 and stock.wanted(1, CLS) == 0
     out, stale, _ = stock.take(1, CLS, 2, 1.0, everything)
     assert [x.lease_id for x in out] == ["a", "b"] and stale == []
-    gone = {"c"}
-    out, stale, _ = stock.take(1, CLS, 2, 1.0, lambda x: x not in gone)  # taken back: skipped
-    assert out == [] and stale == [] and len(stock) == 0
+    gone = {"c"}  # taken back (or its node left, or drains): released, not handed out
+    out, stale, _ = stock.take(1, CLS, 2, 1.0, lambda x: x.lease_id not in gone)
+    assert out == [] and stale == ["c"] and len(stock) == 0
 
 
 def test_a_lease_past_its_fresh_share_is_released_not_handed_out():
@@ -91,12 +91,12 @@ def test_a_closed_connection_releases_its_stock_and_any_minted_later():
     assert len(stock) == 1 and stock.drop_owner(1) == []
 
 
-def test_prune_releases_stale_leases_and_forgets_dead_ones():
+def test_prune_releases_stale_and_unusable_leases():
     stock = LeaseStock()
     stock.take(1, CLS, 3, 0.0, everything)
     stock.add(1, CLS, [lease("stale", minted=0.0), lease("dead", minted=5.0),
                        lease("fresh", minted=5.0)])  # fmt: skip
-    assert stock.prune(5.0, lambda x: x != "dead") == ["stale"]
+    assert stock.prune(5.0, lambda x: x.lease_id != "dead") == ["stale", "dead"]
     out, _, _ = stock.take(1, CLS, 3, 5.0, everything)
     assert [x.lease_id for x in out] == ["fresh"]
     assert stock.prune(5.0, everything) == [] and len(stock) == 0
