@@ -232,10 +232,6 @@ class ObjectTable(ObjectReads):
             self._dirty.pop(key, None)  # reported in the result, persisted by the caller
         return result
 
-    def has_dirty(self) -> bool:
-        """Whether `take_dirty` would return anything to write."""
-        return bool(self._dirty)
-
     def take_dirty(self) -> Dirty:
         """Objects to (re)write and keys to delete since the last call (drained)."""
         out = Dirty()

@@ -69,7 +69,6 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.framed_port = 0  # set by the server once the framed endpoint listens
         self.lease_stock = LeaseStock()  # leases minted ahead (service_leases.py)
         self._refills: set[tuple[int, tuple[int, int]]] = set()
-        self._refill_tasks: set[asyncio.Task[None]] = set()
         self.grpc_owners = GrpcOwners()  # gRPC connections that started puts (the tick
         # revokes the puts of those the kernel no longer lists: master/grpc_owners.py)
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens

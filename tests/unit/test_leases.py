@@ -121,9 +121,12 @@ def test_leases_take_free_room_only_and_never_evict(table):
     for i in range(62):  # 62 of the 64 MiB committed: 2 MiB free
         commit(table, f"c/{i}")
     evictions = table.counters["evictions"]
+    table.take_dirty()
     assert len(grant_leases(table, MiB, 1, 8, owner=0)) == 2  # the free room, no more
     assert grant_leases(table, MiB, 1, 1, owner=0) == []  # full: no lease, no eviction
     assert table.counters["evictions"] == evictions and table.object_count() == 62
+    dirty = table.take_dirty()  # nor anything to write: the master stocks minted leases at
+    assert dirty.puts == [] and dirty.deletes == []  # once (service_leases.py `_refill`)
 
 
 def test_leases_are_counted_apart_from_objects_and_puts_in_flight(table):
