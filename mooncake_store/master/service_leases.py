@@ -55,11 +55,11 @@ class LeaseMethods(ServicerBase):
             out.append(Stocked(lease_id, now, outcome.deadline_s, message))
         return out
 
-    async def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
+    def _grant_leases(self, wanted: Sequence[pb.LeaseRequest], owner: int) -> list[pb.Lease]:
         """The leases asked for: stocked ones first, the rest minted now.  The stock of each
-        class asked for is refilled on the loop's next turn, after this reply is written."""
+        class asked for is refilled on the loop's next turn, after this reply is written.
+        Minting writes nothing durable (`_refill`): the reply need not wait for a write."""
         out: list[pb.Lease] = []
-        minted = False
         now = self.table._clock()
         for want in wanted[:MAX_CLASSES_PER_CALL]:
             cls = (want.size_bytes, want.replicas)
@@ -75,13 +75,9 @@ class LeaseMethods(ServicerBase):
                 lease.message.expires_in_s = lease.deadline_s - now
                 out.append(lease.message)
             if want.count > len(stocked):
-                fresh = self._mint(owner, cls, want.count - len(stocked))
-                out += [lease.message for lease in fresh]
-                minted = minted or bool(fresh)
+                out += [x.message for x in self._mint(owner, cls, want.count - len(stocked))]
             if again:
                 self._schedule_refill(owner, cls)
-        if minted:
-            await self.persist_dirty()  # evicted blocks are gone before the space is reused
         return out
 
     def _schedule_refill(self, owner: int, cls: Class) -> None:

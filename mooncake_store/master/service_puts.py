@@ -295,7 +295,7 @@ class PutMethods(LeaseMethods):
         results = await self._put_end(list(request.items))
         if not request.next:
             return pb.BatchPutEndResponse(results=results)
-        leases = await self._grant_leases(request.next, self._owner(context))
+        leases = self._grant_leases(request.next, self._owner(context))
         return pb.BatchPutEndResponse(results=results, leases=leases)
 
     # ---- allocation leases (issue 14, master/leases.py) --------------------------------------
@@ -309,6 +309,7 @@ class PutMethods(LeaseMethods):
         results: list[pb.LeasedPutResult | None] = []
         sealed: list[ObjectMeta] = []
         waits: list[asyncio.Future[None]] = []
+        deduplicated = False
         for done, item in enumerate(request.items):
             await pause_every(done)
             spec = item.spec
@@ -336,6 +337,7 @@ class PutMethods(LeaseMethods):
                 results.append(pb.LeasedPutResult(status=_status(exc)))
                 continue
             if meta is None:
+                deduplicated = True
                 results.append(pb.LeasedPutResult(status=_OK, already_exists=True))
             else:
                 sealed.append(meta)
@@ -343,6 +345,11 @@ class PutMethods(LeaseMethods):
         committed = await self._commit(sealed) if sealed else {}
         if waits:
             await asyncio.gather(*waits)
+        if deduplicated:  # a key stored already, maybe pinned longer now: durable before the
+            try:  # reply, as PutStart makes it (it was so only when a lease was minted inline)
+                await self.persist_dirty()
+            except Exception as exc:  # the keys stay dirty: the tick writes them again
+                log.error("persisting the pins of deduplicated leased puts failed: %s", exc)
         for done, lease_id in enumerate(request.release):
             await pause_every(done)
             release_lease(self.table, lease_id)
@@ -360,7 +367,7 @@ class PutMethods(LeaseMethods):
                     end = pb.PutEndResult(status=_status(lost))
                 result = pb.LeasedPutResult(status=end.status, replicas=end.replicas)
             out.append(result)
-        leases = await self._grant_leases(request.next, self._owner(context))
+        leases = self._grant_leases(request.next, self._owner(context))
         return pb.BatchLeasedPutResponse(results=out, leases=leases)
 
     # ---- revokes -----------------------------------------------------------------------------

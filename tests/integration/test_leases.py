@@ -5,6 +5,7 @@ master costs a retry, never the put."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -147,6 +148,29 @@ def test_a_lease_stocked_before_its_node_began_draining_is_not_handed_out(tmp_pa
             placed = [r.node_id for r in replica_list(c.master_address, "drained/next").replicas]
             assert draining not in placed
             assert store.get("drained/next") == value
+
+
+def test_a_pin_a_leased_put_adds_to_a_stored_key_is_durable_before_its_reply(tmp_path):
+    """Found by review: a leased put of a key already stored, now asked pinned, is deduplicated
+    and pins the stored object; that pin reached RocksDB before the reply only because minting
+    the next lease wrote the table's changes, so once the next lease came from the master's
+    stock it waited for the tick (a master that stopped meanwhile forgot the pin).  The put's
+    reply now waits for it, as PutStart's does."""
+    args = [*FAST_MASTER, "--tick-interval", "1h"]  # no tick writes it meanwhile
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as c:
+        servicer = c.master.server._servicer
+        with Client(c.master_address, local_shm=False) as store:
+            value = os.urandom(256 * 1024)
+            store.put("pin/k", value)  # two-phase; brings a lease
+            store.put("pin/other", os.urandom(len(value)))  # leased; asked again: stocked
+            calls = store.counters["framed_calls"]
+            assert store.put("pin/k", value, pin=True).deduplicated
+            assert store.counters["framed_calls"] == calls + 1  # leased; its next: the stock
+
+            async def stored_pin() -> float:
+                return next(m.pin_until_s for m in servicer.store.load() if m.key == "pin/k")
+
+            assert c.master.call(stored_pin()) == math.inf
 
 
 def test_a_lease_from_a_restarted_master_costs_a_retry_not_the_put(tmp_path):
