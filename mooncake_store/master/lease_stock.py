@@ -1,5 +1,5 @@
 """Leases minted ahead for a client, so that a steady put's reply carries its next lease without
-minting it on the way (pure rules, no I/O; the master service mints and persists).
+minting it on the way (pure rules, no I/O; the master service mints: service_leases.py).
 
 A leased put's reply hands out the next lease (master/leases.py).  Minting one (placement,
 allocation, a signed grant per replica) cost ~44 us of the ~125 us the master spent on a 64 KiB
