@@ -4,7 +4,9 @@ A node asked to stop (SIGTERM) calls `DrainNode` until nothing is left to save, 
 `--drain-timeout` ends, and then unmounts.  While a node drains:
 
 - no new put is placed on it, and no replica copy is made onto it (`draining`, which the
-  object table's placement and `Replication` consult);
+  object table's placement and `Replication` consult); the unused allocation leases on it are
+  given back as the drain starts (a client holding one would put its next value there:
+  review found one, leases.py `release_on`);
 - every committed object whose replicas are all on it ("at risk": they would be lost with the
   node) is copied to another node with the replication machinery: the destination pulls the
   bytes from the draining node's data path, checks them, and the master adds the replica.
@@ -19,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from mooncake_store.common.errors import SegmentNotFoundError
+from mooncake_store.master.leases import release_on
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import ObjectState
 from mooncake_store.master.replication import CopyTask, Replication
@@ -63,6 +66,7 @@ class Drains:
             self.draining[node_id] = incarnation
             self._saved_before[node_id] = drained_from.get(node_id, 0)
             self.counters["drains_started"] += 1
+            release_on(self.table, state.segment_ids)
         at_risk = self.at_risk(node_id)
         copying = sum(1 for key in at_risk if self._moving(key))
         saved = drained_from.get(node_id, 0) - self._saved_before[node_id]

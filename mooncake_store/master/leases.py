@@ -177,6 +177,17 @@ def release_all(table: ObjectTable) -> int:
     return released
 
 
+def release_on(table: ObjectTable, segment_ids: Iterable[int]) -> int:
+    """Give back the unused leases with a replica in `segment_ids` (their node began draining
+    to stop: a client holding one would place its next put there, drain.py); how many."""
+    segments = set(segment_ids)
+    doomed = [
+        key for key in table._lease_keys
+        if any(r.segment_id in segments for r in table._replicas(table._slot[key]))
+    ]  # fmt: skip
+    return sum(release_lease(table, key) for key in doomed)
+
+
 def leases_pending(table: ObjectTable) -> int:
     """Pending puts that are unused leases (not puts in flight: nobody will end them soon)."""
     return len(table._lease_keys)

@@ -150,6 +150,30 @@ def test_a_lease_stocked_before_its_node_began_draining_is_not_handed_out(tmp_pa
             assert store.get("drained/next") == value
 
 
+def test_leases_a_client_holds_on_a_node_that_begins_draining_are_given_back(tmp_path):
+    """Found by review: a client holding a lease on a node that began draining to stop put its
+    next value there (drain.py: no new put is placed on it; had its commit come after the
+    drain's last check, the node would have unmounted with the block).  The drain gives the
+    node's unused leases back as it starts: the put is retried two-phase, elsewhere."""
+    with InProcessCluster(tmp_path, nodes=2, dram="16MiB", master_args=FAST_MASTER) as c:
+        servicer = c.master.server._servicer
+        with Client(c.master_address, local_shm=False) as store:
+            for i in range(3):
+                store.put(f"held-drain/{i}", os.urandom(300_000))
+            [held] = [h for h in store._flows._leases._held.values() if h]
+            [node] = {loc.node_id for lease in held for loc in lease.locations}
+
+            async def drain() -> None:
+                servicer.drains.drain(node, 0)  # as `mooncake-admin drain` does
+
+            c.master.call(drain())
+            value = os.urandom(300_000)
+            store.put("held-drain/next", value)  # into the lease it holds: given back
+            placed = [r.node_id for r in replica_list(c.master_address, "held-drain/next").replicas]
+            assert node not in placed
+            assert store.get("held-drain/next") == value
+
+
 def test_a_pin_a_leased_put_adds_to_a_stored_key_is_durable_before_its_reply(tmp_path):
     """Found by review: a leased put of a key already stored, now asked pinned, is deduplicated
     and pins the stored object; that pin reached RocksDB before the reply only because minting

@@ -6,6 +6,7 @@ import pytest
 
 from mooncake_store.common.errors import NoSpaceError, SegmentNotFoundError
 from mooncake_store.master.drain import Drains
+from mooncake_store.master.leases import grant_leases
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.replication import Replication, ReplicationConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
@@ -122,3 +123,15 @@ def test_an_unknown_node_or_incarnation_cannot_be_drained():
     table.mount(node, [(SegmentInfo(node, 200, Tier.DRAM, 16 * MiB), None)])
     drains.plan()
     assert "n1" not in drains.draining
+
+
+def test_a_drain_gives_back_the_unused_leases_on_its_node():
+    table, _, drains = cluster(nodes=2)
+    leases = dict(grant_leases(table, MiB, 1, 2, owner=7))  # one per node: free room first
+    on = {key: table.segment(outcome.placements[0][1].segment_id).node_id
+          for key, outcome in leases.items()}  # fmt: skip
+    assert sorted(on.values()) == ["n0", "n1"]
+    drains.drain("n0", 7)
+    assert {key for key in leases if key in table._lease_keys} == {
+        key for key, node in on.items() if node == "n1"
+    }
