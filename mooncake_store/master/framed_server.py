@@ -84,7 +84,8 @@ class _Resume:
 
 class _Connection(asyncio.Protocol):
     """One client connection; it is the `context` of the servicer calls it carries, and its
-    `owner_id` names the puts it started (revoked when it closes)."""
+    `owner_id` names the puts it started (revoked when it closes, and again when its last call
+    in flight then ends)."""
 
     def __init__(self, server: FramedServer) -> None:
         self.server = server
@@ -133,6 +134,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        self.end_owned()
+
+    def end_owned(self) -> None:
+        """The connection's puts and leases end (`connection_closed`): as it closes, and again
+        as its last call in flight ends (what that call started meanwhile had no owner left)."""
         closed = getattr(self.server.servicer, "connection_closed", None)
         if closed is not None:
             closed(self.owner_id)
@@ -175,6 +181,10 @@ class _Connection(asyncio.Protocol):
 
     def call_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
+        if self.transport is None:  # closed while this call was in flight
+            if not self.tasks:
+                self.end_owned()
+            return
         if self.paused and not self.blocked():
             self.run_frames()  # the frames kept back, then reading resumes
 

@@ -250,6 +250,48 @@ def test_leases_are_reported_apart_and_end_with_their_client(cluster, framed):
         observer.remove(f"apart/{framed}")
 
 
+def test_what_a_call_in_flight_as_its_connection_closes_starts_ends_with_it(tmp_path):
+    """Found by review: a framed connection that closed while one of its calls was still in
+    flight had its puts revoked (and its leases, its stocked ones too) when it closed, but
+    what that call went on to start (a pending put here; leases minted for the next puts, or
+    the stock's record of the connection, the same way) was owned by a connection already
+    gone, and held its room until --put-timeout.  It now ends as that last call ends."""
+    from mooncake_store._proto import mooncake_store_pb2 as pb
+    from mooncake_store.client.framed_channel import CallTimeoutError
+    from mooncake_store.client.master_client import MasterClient
+    from mooncake_store.client.types import Retry
+
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as c:
+        table = c.master.server._servicer.table
+
+        async def hold_the_room(seconds: float) -> None:  # as a node mounted again just now
+            until = table._clock() + seconds
+            for seg in table._segments.values():
+                seg.writable_after = until
+            table._held_until = until
+
+        async def put_start_then_close() -> None:
+            client = MasterClient(c.master_address, timeout_s=5, retry=Retry())
+            channel = await client.framed_channel()
+            assert channel is not None
+            item = pb.PutStartItem(key="gone/0", size_bytes=4096)
+            request = pb.BatchPutStartRequest(items=[item])
+            c.master.call(hold_the_room(0.5))  # the PutStart waits the hold out on the master
+            with pytest.raises(CallTimeoutError):
+                await channel.call("BatchPutStart", request, timeout_s=0.2)
+            await client.close()  # closed with the call in flight
+
+        with Client(c.master_address) as observer:
+            revoked = observer.stats().counters["puts_revoked"]
+            asyncio.run(put_start_then_close())  # the hold ends: the call starts its put
+            wait_until(
+                lambda: observer.stats().counters["puts_revoked"] == revoked + 1,
+                timeout_s=5,
+                what="the put started for a closed connection to end",
+            )
+            assert observer.stats().processing == 0
+
+
 @pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
 def test_a_client_that_dies_has_its_leases_reclaimed(cluster, framed):
     """Killed, a client gives nothing back: the master ends its leases as its connection
