@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mooncake_store.client.sync_client import Client
+from mooncake_store.client.sync_client import DEFAULT_BUSY_POLL_US, Client
 from mooncake_store.client.types import ObjectInfo
 from mooncake_store.common.errors import InvalidArgumentError, MooncakeError
 from mooncake_store.common.units import parse_size
@@ -84,13 +84,16 @@ class MooncakeDistributedStore(RangeMethods):
         engine: object = None,
         *,
         leases: bool = True,
+        busy_poll_us: int = DEFAULT_BUSY_POLL_US,
         **options: Any,
     ) -> int:
         """Connect to the master at `master_server_addr`; with `global_segment_size` > 0,
         start a store node of that size owned by this client (stopped at close()).  Also
         `setup(config_dict)` with Mooncake's config keys.  `leases` (config key "leases"):
         the client holds allocation leases, so a steady put is one master round trip
-        (`Client(leases=...)`).  Returns 0 or a negative code."""
+        (`Client(leases=...)`).  `busy_poll_us` (config key "busy_poll_us"): how long a
+        thread waits for a reply by polling before it sleeps (`Client(busy_poll_us=...)`; 0
+        turns it off).  Returns 0 or a negative code."""
         if isinstance(local_hostname, dict):
             config = local_hostname
             return self.setup(
@@ -103,6 +106,7 @@ class MooncakeDistributedStore(RangeMethods):
                 str(config.get("master_server_addr", config.get("master_server_address", ""))
                     or DEFAULT_MASTER),
                 leases=bool(config.get("leases", True)),
+                busy_poll_us=config.get("busy_poll_us", DEFAULT_BUSY_POLL_US),
             )  # fmt: skip
         if self._client is not None:
             log.warning("setup() called twice; keeping the first connection")
@@ -110,11 +114,16 @@ class MooncakeDistributedStore(RangeMethods):
         try:
             segment_bytes = parse_size(global_segment_size)
             parse_size(local_buffer_size)
-        except (InvalidArgumentError, ValueError) as exc:
+            busy_poll = int(busy_poll_us)
+        except (InvalidArgumentError, ValueError, TypeError) as exc:
             log.error("setup: %s", exc)
             return codes.INVALID_PARAMS
         self._log_notes(metadata_server, local_buffer_size, protocol, rdma_devices, engine, options)
-        client = Client(master_server_addr, leases=leases)
+        try:
+            client = Client(master_server_addr, leases=leases, busy_poll_us=busy_poll)
+        except InvalidArgumentError as exc:
+            log.error("setup: %s", exc)
+            return codes.INVALID_PARAMS
         try:
             client.connect()
         except Exception as exc:

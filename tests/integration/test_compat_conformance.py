@@ -282,3 +282,21 @@ def test_setup_takes_the_leases_option(cluster):
         assert on._client._flows.counters["leased_puts"] == 1
         assert off.get("c/lease") == b"l" * 5000 and on.get("c/no-lease") == b"n" * 5000
         assert off.close() == 0 and on.close() == 0
+
+
+def test_setup_takes_the_busy_poll_option(cluster):
+    """Config key "busy_poll_us" (or setup(..., busy_poll_us=)) reaches the client: 0 turns
+    busy polling off; a bad value is INVALID_PARAMS, not an exception."""
+    config = {"local_hostname": "127.0.0.1", "global_segment_size": "0", "protocol": "tcp",
+              "master_server_address": cluster.master_address}  # fmt: skip
+    off = MooncakeDistributedStore()
+    assert off.setup({**config, "busy_poll_us": 0}) == 0
+    assert off.put("c/no-poll", b"p" * 5000) == 0 and off.get("c/no-poll") == b"p" * 5000
+    assert off._client.counters["busy_polls"] == 0 and off._client._busy_poll_s == 0
+    on = MooncakeDistributedStore()
+    assert on.setup({**config, "busy_poll_us": "100"}) == 0
+    assert on._client._busy_poll_s == 100e-6
+    assert on.get("c/no-poll") == b"p" * 5000
+    for bad in ("soon", -1):
+        assert MooncakeDistributedStore().setup({**config, "busy_poll_us": bad}) == INVALID
+    assert off.close() == 0 and on.close() == 0
