@@ -2,10 +2,11 @@
 
 A thread that blocks in recv and is woken by the reply pays a wake-up: on small VMs ~30-70 us
 of a ~150 us master call (measured on the 2-core VM by scripts/bench_busy_poll.py: a 64 KiB
-same-host put 285 -> 249 us p50, a 64 KiB same-host get 148 -> 119 us, a TCP put 444 -> 370).  The price is the thread's CPU while it
-polls, so the sync Client polls only while one of its threads is in an operation
-(sync_client.py `busy_poll_us`), and a socket whose reply did not come within the window
-(a busy host, a long call) is not polled for its next `BACKOFF_CALLS` replies.
+same-host put 285 -> 249 us p50, a 64 KiB same-host get 148 -> 119 us, a TCP put 444 -> 370).
+The price is the thread's CPU while it polls, so the sync Client polls only while one of its
+threads is in an operation (sync_client.py `busy_poll_us`), and a socket whose reply did not
+come within the window (a busy host, a long call) is not polled for its next `BACKOFF_CALLS`
+replies.
 """
 
 from __future__ import annotations
