@@ -18,7 +18,8 @@ Two rules end a WRITE grant (common/grant.py) on the node, both checked before a
   admitted only when both the mount fence and the latest pushed fence admit it: a push computed
   before the mount and delivered after it can end generations, never reopen one, and a mount
   reply delivered after a later push keeps that push.  A segment
-  the node is (re)mounting is `closed` (refuses every write) until the mount reply arrives.
+  the node is (re)mounting is `closed` (refuses every write) until the mount reply arrives,
+  or, while a mount it keeps serving through (`mounting`) is under way, refuses every write.
 Every fence change also goes to `watcher`: the node shows the fences to same-host clients in
 shared memory, since their copies into the pool never reach the gate (common/shm_fence.py).
 
@@ -167,9 +168,15 @@ class WriteGate:
         self.prune(segment_id, now_ms)
 
     def mounting(self, segment_id: int, on: bool) -> None:
-        """While the node mounts again (`on`), show `watcher` the segment closed: same-host
-        copies stop, although the gate itself goes on admitting what its fences admit (the
-        master may know the node still).  Thread-safe like `close`."""
+        """While the node mounts again (`on`), refuse every write to the segment and show
+        `watcher` it closed; the mount's end (`on` False: its reply applied, or the mount
+        failed) restores the fences.  The master may hand the segment's room out 0.5 s after
+        it applied a mount new to it (master/membership.py `REMOUNT_HOLD_S`); a write under a
+        grant of an earlier mount that arrived while the reply was still on its way took room
+        the master had given away (review, issue 14: the gate kept admitting by its old fences
+        during remounts the heartbeat port started).  Refusing writes for the length of the
+        mount call costs a put retried; the fences decide again as soon as the reply is in.
+        Thread-safe like `close`."""
         with self._lock:
             if on:
                 self._mounting.add(segment_id)
@@ -185,7 +192,9 @@ class WriteGate:
             self.watcher(segment_id, mount, self._pushed.get(segment_id))
 
     def ended(self, segment_id: int, generation: int) -> bool:
-        """True when a fence ends `generation`'s grants in the segment."""
+        """True when a fence ends `generation`'s grants in the segment, or it is mounting."""
+        if segment_id in self._mounting:
+            return True
         mount = self._mount.get(segment_id)
         if mount is not None and not mount.admits(generation):
             return True

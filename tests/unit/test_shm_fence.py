@@ -139,16 +139,17 @@ def test_the_page_a_client_gets_cannot_be_reopened_writable_nor_resized(page_and
     assert view.admits(7) and not view.admits(6)
 
 
-def test_a_gate_mounting_again_shows_the_page_closed_and_keeps_admitting_itself(page_and_view):
+def test_a_gate_mounting_again_is_closed_to_copies_and_writes_until_the_mount_ends(page_and_view):
     page, view = page_and_view
     gate = _mirrored_gate(page)
     gate.mounted(SEG, WriteFence(100, frozenset()))
-    gate.mounting(SEG, True)  # the mount may be new to the master: copies stop
-    assert not view.admits(150) and not gate.ended(SEG, 150)  # TCP: the gate decides
+    gate.mounting(SEG, True)  # the mount may be new to the master: copies and writes stop
+    assert not view.admits(150) and gate.ended(SEG, 150)
     gate.fenced(SEG, WriteFence(120, frozenset()), now_ms=0)  # a push meanwhile: still closed
-    assert not view.admits(150)
+    assert not view.admits(150) and gate.ended(SEG, 150)
     gate.mounting(SEG, False)  # the mount failed: its fences again
     assert view.admits(150) and not view.admits(110)
+    assert not gate.ended(SEG, 150) and gate.ended(SEG, 110)
 
 
 def test_a_closed_view_admits_nothing_and_closes_once(page_and_view):

@@ -159,3 +159,24 @@ def test_a_mount_reply_that_arrives_after_a_later_push_keeps_the_push():
     assert gate.refusal(SEG, 120, 0, 1) is None
     gate.mounted(SEG, WriteFence(5000, frozenset()))  # a new master: its floor is above
     assert gate.refusal(SEG, 130, 0, 1) == ENDED and gate.refusal(SEG, 5000, 0, 1) is None
+
+
+def test_a_remount_the_node_serves_through_refuses_writes_until_its_reply_is_in():
+    """Found by review (issue 14): during a mount the heartbeat port started (the node keeps
+    serving), the gate admitted writes by its old fences.  A master to which the mount is new
+    hands the node's room out 0.5 s after applying it, so an old grant's write arriving while
+    the reply was still on its way could land in room another put had been given."""
+    gate = WriteGate()
+    gate.mounted(SEG, WriteFence(100, frozenset()))
+    landing = gate.begin(SEG, 150, 0, 10, expires_ms=LATER_MS)  # admitted before the mount
+    gate.mounting(SEG, True)
+    assert gate.ended(SEG, 150)  # the data paths cut the write still landing off
+    gate.abandon(landing)
+    assert gate.refusal(SEG, 150, 20, 30) == ENDED  # an old grant's write meanwhile
+    assert gate.refusal(SEG, 5000, 20, 30) == ENDED  # and a new master's (not granted yet)
+    gate.mounted(SEG, WriteFence(5000, frozenset()))  # a new master's reply
+    gate.mounting(SEG, False)
+    assert gate.refusal(SEG, 150, 20, 30) == ENDED and gate.refusal(SEG, 5000, 20, 30) is None
+    gate.mounting(SEG, True)
+    gate.mounting(SEG, False)  # a mount that failed: the fences decide again
+    assert gate.refusal(SEG, 5000, 40, 50) is None
