@@ -372,7 +372,11 @@ class BlockingFramedChannel:
             CallTimeoutError: no reply within the socket's timeout.
             FramedCallError: the master answered with an error status.
         """
-        self._poll.wait(busy_poll_s)
+        try:
+            self._poll.wait(busy_poll_s)
+        except BaseException:  # an interrupt, with nothing read: the next call skips the reply
+            self._abandoned.add(call_id)
+            raise
         while True:
             try:
                 reply_id, status, body = self._read_frame()
@@ -387,6 +391,9 @@ class BlockingFramedChannel:
                 raise ChannelClosedError(
                     f"framed connection to {self.address} failed: {exc}", sent=True
                 ) from exc
+            except BaseException:  # an interrupt mid-read: where the stream stands is unknown
+                self.broken = True
+                raise
             if reply_id == call_id:
                 break
             if reply_id not in self._abandoned:

@@ -58,11 +58,11 @@ DEFAULT_BUSY_POLL_US = 250
 class Client:
     """Synchronous client; takes the same arguments as AsyncClient, and `busy_poll_us`.
 
-    `busy_poll_us` (default 250; 0: never): while one thread of this client is running an
-    operation, it waits for a master reply by polling its socket for up to this long before
-    it sleeps, which saves the wake-up (~40-70 us a call on small VMs) for the CPU it spends
-    polling.  With several threads in operations at once, none polls (they would take turns
-    on the GIL instead).
+    `busy_poll_us` (default 250; 0: never; at most `timeout_s`): while one thread of this
+    client is running an operation, it waits for a master or node reply by polling its socket
+    for up to this long before it sleeps, which saves the wake-up (~40-70 us a call on small
+    VMs) for the CPU it spends polling.  With several threads in operations at once, none
+    polls (they would take turns on the GIL instead).
 
     Example:
         with Client("127.0.0.1:50051") as store:
@@ -74,12 +74,13 @@ class Client:
         self, master: str = DEFAULT_MASTER, *, busy_poll_us: int = DEFAULT_BUSY_POLL_US,
         **options: Any,
     ) -> None:  # fmt: skip
-        if busy_poll_us < 0:
-            raise InvalidArgumentError(f"busy_poll_us must be >= 0, got {busy_poll_us}")
-        self._busy_poll_s = busy_poll_us / 1e6
+        if isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or busy_poll_us < 0:
+            raise InvalidArgumentError(f"busy_poll_us must be an int >= 0, got {busy_poll_us!r}")
         self._driving = 0  # threads inside an operation (`_drive`): busy polling while one
         self._driving_lock = threading.Lock()
         self._async = AsyncClient(master, **options)  # its runner carries stats, list_nodes
+        # A window past the timeout would outlast it (the read's timeout starts after it).
+        self._busy_poll_s = min(busy_poll_us / 1e6, self._async.timeout_s)
         self._flows = self._async.flows  # the operations, driven here in the calling thread
         self._loop = new_event_loop()
         self._thread = threading.Thread(

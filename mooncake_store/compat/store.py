@@ -115,7 +115,7 @@ class MooncakeDistributedStore(RangeMethods):
             segment_bytes = parse_size(global_segment_size)
             parse_size(local_buffer_size)
             busy_poll = int(busy_poll_us)
-        except (InvalidArgumentError, ValueError, TypeError) as exc:
+        except (InvalidArgumentError, ValueError, TypeError, OverflowError) as exc:
             log.error("setup: %s", exc)
             return codes.INVALID_PARAMS
         self._log_notes(metadata_server, local_buffer_size, protocol, rdma_devices, engine, options)

@@ -297,6 +297,6 @@ def test_setup_takes_the_busy_poll_option(cluster):
     assert on.setup({**config, "busy_poll_us": "100"}) == 0
     assert on._client._busy_poll_s == 100e-6
     assert on.get("c/no-poll") == b"p" * 5000
-    for bad in ("soon", -1):
+    for bad in ("soon", -1, float("inf")):  # inf: OverflowError from int()
         assert MooncakeDistributedStore().setup({**config, "busy_poll_us": bad}) == INVALID
     assert off.close() == 0 and on.close() == 0
