@@ -147,7 +147,24 @@ class BlockingNodeConnections:
         A node's DRAM reads travel as READV requests (one reply carries many extents); a READV
         the node refuses is retried item by item, so each item gets its own answer.  A
         transfer's hasher (`hashers[i]`, if given) is fed the bytes it sends or receives.
-        The result is one MooncakeError or None per transfer."""
+        The result is one MooncakeError or None per transfer.  Interrupted (KeyboardInterrupt,
+        or anything else it does not turn into a result), it drops every connection it used:
+        their replies may be unread, and the next exchange must not take one for its own (a
+        WRITE would take an earlier request's OK)."""
+        try:
+            return self._exchange_many(transfers, hashers, readv=readv)
+        except BaseException:
+            for endpoint in {loc.endpoint for loc, _, _ in transfers}:
+                self._drop(endpoint)
+            raise
+
+    def _exchange_many(
+        self,
+        transfers: list[tuple[ReplicaLocation, Op, Buffer]],
+        hashers: Sequence[Hasher | None] | None,
+        *,
+        readv: bool,
+    ) -> list[MooncakeError | None]:
         fed = hashers or [None] * len(transfers)
         results: list[MooncakeError | None] = [None] * len(transfers)
         by_node: dict[str, list[int]] = {}

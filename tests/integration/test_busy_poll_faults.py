@@ -74,3 +74,35 @@ def test_a_bad_window_is_refused(cluster, bad):
     timeout)."""
     with pytest.raises(InvalidArgumentError, match="busy_poll_us"):
         Client(cluster.master_address, busy_poll_us=bad)
+
+
+def test_an_interrupt_in_a_pipelined_node_exchange_leaves_no_reply_for_the_next(cluster):
+    """Found by review: an interrupt while a batch's replies were being read left the node
+    socket open with replies unread, and the thread's next exchange read one of them as its
+    own (a WRITE could take an earlier request's OK).  Now every socket the batch used is
+    dropped, and the next operations get their own replies."""
+    import mooncake_store.client.tcp_blocking as tcp_blocking
+
+    with Client(cluster.master_address, local_shm=False) as store:
+        values = {f"bpf/many/{i}": bytes([i]) * 50_000 for i in range(4)}
+        store.put_many(values)
+        real = tcp_blocking._recv_exactly
+        calls = {"n": 0}
+
+        def interrupted(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2:  # mid-batch: the first reply read, the others not
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        tcp_blocking._recv_exactly = interrupted
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                store.get_many(list(values))
+        finally:
+            tcp_blocking._recv_exactly = real
+        assert calls["n"] >= 2
+        assert store.get_many(list(values)) == list(values.values())
+        again = {f"bpf/many/again/{i}": bytes([9 - i]) * 50_000 for i in range(4)}
+        store.put_many(again)
+        assert store.get_many(list(again)) == list(again.values())
