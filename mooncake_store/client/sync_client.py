@@ -134,6 +134,11 @@ class Client:
             with self._driving_lock:
                 self._driving -= 1
 
+    def _busy_poll_now(self) -> float:
+        """How long this thread may poll for its next reply: the window while it is the only
+        thread in an operation, else 0 (client/busy_poll.py)."""
+        return self._busy_poll_s if self._driving == 1 else 0.0
+
     def _steps(self, flow: Flow[T]) -> T:
         value: Any = None
         error: BaseException | None = None
@@ -165,7 +170,7 @@ class Client:
             )
             with self._channels_lock:
                 self._node_sets.append(nodes)
-        nodes.busy_poll_s = self._busy_poll_s if self._driving == 1 else 0.0
+        nodes.busy_poll_s = self._busy_poll_now()
         if len(transfers) == 1:
             t = transfers[0]
             try:
@@ -256,8 +261,7 @@ class Client:
                     except BaseException:  # an interrupt: the reply is skipped by the next call
                         channel.abandon(call_id)
                         raise
-                busy_poll = self._busy_poll_s if self._driving == 1 else 0.0
-                reply = channel.receive(call.name, call_id, busy_poll)
+                reply = channel.receive(call.name, call_id, self._busy_poll_now())
                 self._async.counters["framed_calls"] += 1
                 return call.parse(reply)
             except FramedCallError as exc:

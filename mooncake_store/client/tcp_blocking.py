@@ -74,6 +74,7 @@ class BlockingNodeConnections:
                 sock.close()
                 raise _connect_failed(endpoint, exc) from exc
         self._socks[endpoint] = sock
+        self._polls[sock] = BusyPoll(sock)  # registered while the socket is open
         return sock
 
     def _drop(self, endpoint: str) -> None:
@@ -253,10 +254,8 @@ class BlockingNodeConnections:
         request on a reused connection), a connection the node had already closed raises
         _StaleConnection, for one retry on a fresh one."""
         try:
-            if self.busy_poll_s > 0:
-                poll = self._polls.get(sock)
-                if poll is None:
-                    poll = self._polls[sock] = BusyPoll(sock)
+            poll = self._polls.get(sock)  # none once closed (Client.close from another thread)
+            if poll is not None:
                 poll.wait(self.busy_poll_s)
             header = bytearray(RESPONSE.size)
             got = sock.recv_into(header)
