@@ -267,7 +267,7 @@ class SegmentSpec(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., inventory: _Optional[_Iterable[_Union[InventoryItem, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments", "remount")
+    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments", "remount", "generation_seen", "master_run")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +276,8 @@ class MountSegmentRequest(_message.Message):
     SECRET_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_SEEN_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     endpoint: str
@@ -284,21 +286,25 @@ class MountSegmentRequest(_message.Message):
     secret: bytes
     segments: _containers.RepeatedCompositeFieldContainer[SegmentSpec]
     remount: bool
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ...) -> None: ...
+    generation_seen: int
+    master_run: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ..., generation_seen: _Optional[int] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature")
+    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature", "master_run")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_PORT_FIELD_NUMBER: _ClassVar[int]
     FENCES_FIELD_NUMBER: _ClassVar[int]
     FENCES_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     status: Status
     heartbeat_interval_s: float
     liveness_port: int
     fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
     fences_signature: str
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ...) -> None: ...
+    master_run: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "incarnation")

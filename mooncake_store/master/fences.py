@@ -20,9 +20,8 @@ writer's grant is sealed over the bytes it wrote.  The one window left is a clie
 bytes it never wrote through its grant (it wrote them over same-host shared memory, which
 grants do not govern, or not at all): that grant could write into the extent's next owner until
 the next fence, which the owner's checksum catches.  Generations are unique per put in the
-master's lifetime and start from the wall clock in microseconds, so a restarted master's puts
-never reuse an earlier master's generations (a wall clock stepped back past the earlier master's
-life would break that: the tolerance is the clocks' usual one, see common/clock.py).
+master's lifetime, and a restarted master's start past every earlier master's (the wall clock,
+a floor on its disk, and what its nodes report having seen: master/generations.py).
 """
 
 from __future__ import annotations

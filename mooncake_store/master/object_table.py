@@ -144,6 +144,18 @@ class ObjectTable(ObjectReads):
             0,
         )  # fmt: skip
 
+    # ---- put generations ---------------------------------------------------------------------
+
+    @property
+    def next_generation(self) -> int:
+        """The generation the next put (or lease) is named by."""
+        return self._next_generation
+
+    def generations_from(self, generation: int) -> None:
+        """Name later puts from `generation` on (never back): a node mounting reported an
+        earlier master run's generations up there (generations.py `past_earlier_run`)."""
+        self._next_generation = max(self._next_generation, generation)
+
     # ---- removal and corrupt reports --------------------------------------------------------
 
     def check_removable(self, key: str) -> ObjectMeta:

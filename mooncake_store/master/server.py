@@ -26,7 +26,7 @@ from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.drain import Drains
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.framed_server import FramedServer
-from mooncake_store.master.generations import first_generation
+from mooncake_store.master.generations import GenerationFloor
 from mooncake_store.master.grpc_admission import Admission, ConnectionCapInterceptor, hard_limit
 from mooncake_store.master.grpc_owners import read_established
 from mooncake_store.master.liveness import LivenessServer
@@ -107,14 +107,14 @@ class MasterServer:
 
     def __init__(self, config: MasterConfig) -> None:
         self.config = config
+        self.generations = GenerationFloor(Path(config.data_dir))  # put generations' floor
         self.table = ObjectTable(config, clock=time.monotonic, policy=make_policy(
             config.eviction_policy,
             **({"depth_cost": config.eviction_depth_cost,
                 "ghost_entries": config.eviction_ghost_entries}
                if config.eviction_policy == "weighted" else {}),
-        ), first_generation=first_generation(
-            Path(config.data_dir), time.time_ns() // 1000
-        ), fence_writes=True)  # fmt: skip
+        ), first_generation=self.generations.start(time.time_ns() // 1000),
+        fence_writes=True)  # fmt: skip
         self.tiering = Tiering(self.table, config)
         self.replication = Replication(self.table, config, clock=time.monotonic)
         self.mover = NodeMover(
@@ -190,6 +190,7 @@ class MasterServer:
         self.mover.control_keys = self._servicer.control_keys
         self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
         self._servicer.fence_now = self._fence_now  # puts wait for released leases' room
+        self._servicer.generation_floor = self.generations
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = join_host_port(self.config.host, self.config.port)

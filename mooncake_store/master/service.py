@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -72,6 +73,8 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.grpc_owners = GrpcOwners()  # gRPC connections that started puts (the tick
         # revokes the puts of those the kernel no longer lists: master/grpc_owners.py)
         self.liveness_port = 0  # set by the server once the heartbeat endpoint listens
+        self.master_run = int.from_bytes(os.urandom(8), "little") | 1  # never 0 (none)
+        self.generation_floor = None  # set by the server (its data directory's)
         self.framed_socket = ""
         self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
         #: Hashes extents on their nodes (NodeMover.verify, set by the server); None: no node

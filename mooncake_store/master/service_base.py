@@ -20,6 +20,7 @@ from mooncake_store.master.access import AccessControl
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.corruption import RecentChecks, Verifier
 from mooncake_store.master.drain import Drains
+from mooncake_store.master.generations import GenerationFloor
 from mooncake_store.master.grpc_owners import GrpcOwners
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.objects import Replica
@@ -92,6 +93,8 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     recent_checks: RecentChecks  # keys whose replicas checked out lately
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
+    master_run: int  # this master process's run: random, new at every start (generations.py)
+    generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then
     _committing: dict[str, asyncio.Future[None]]  # key -> its commit's outcome
 

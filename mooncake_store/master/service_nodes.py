@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.common.auth import Role, control_key, grant_key, sign_request
 from mooncake_store.common.blocks import BlockRecord
+from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import (
     AccessDeniedError,
     IdentityConflictError,
@@ -24,6 +25,7 @@ from mooncake_store.common.errors import (
     SegmentNotFoundError,
 )
 from mooncake_store.master.access import Caller
+from mooncake_store.master.generations import past_earlier_run
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from mooncake_store.master.service_base import _OK, ServicerBase, _status
 
@@ -128,6 +130,9 @@ class NodeMethods(ServicerBase):
                 f"(O_DIRECT), it is {self.config.alignment_bytes}"
             )
             return pb.MountSegmentResponse(status=_status(InvalidArgumentError(problem)))
+        unusable = self._generations_past(request)
+        if unusable is not None:
+            return pb.MountSegmentResponse(status=_status(unusable))
         known = self.table.node(node.node_id)
         fresh = known is None or known.info.incarnation != node.incarnation
         other = self.table.identity_conflict(node)
@@ -167,7 +172,32 @@ class NodeMethods(ServicerBase):
             liveness_port=self.liveness_port,
             fences=fences,
             fences_signature=signature,
+            master_run=self.master_run,
         )
+
+    def _generations_past(self, request: pb.MountSegmentRequest) -> MooncakeError | None:
+        """Before a mount: hand out generations past those of the earlier master run that
+        mounted this node last (its grants may still be out: generations.py), with the floor
+        file moved past them first.  The error to refuse the mount with, or None."""
+        try:
+            start = past_earlier_run(self.master_run, request.master_run, request.generation_seen)
+        except ValueError as exc:
+            return InvalidArgumentError(str(exc))
+        if start <= self.table.next_generation:
+            return None
+        if self.generation_floor is not None:
+            try:
+                self.generation_floor.reserve(start)
+            except StartupError as exc:
+                return MooncakeError(exc.args[0] if exc.args else str(exc))
+        log.warning(
+            "node %s was mounted by another master run and saw put generation %d, past this "
+            "run's next (%d; the data directory went back in time, or is new): later puts are "
+            "named from %d", request.node_id, request.generation_seen,
+            self.table.next_generation, start,
+        )  # fmt: skip
+        self.table.generations_from(start)
+        return None
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: object

@@ -69,6 +69,7 @@ class MasterLink:
         # afresh) and with False once it is over (its fences shown, or the old ones again).
         self._on_mounting = on_mounting
         self.ever_mounted = False
+        self.master_run = 0  # the run of the master whose mount reply came last (0: none)
         # Called (on this link's thread) with each mount reply's fences and their signature,
         # and with None before mounting again after the master forgot the node.
         self._on_fences = on_fences
@@ -174,6 +175,7 @@ class MasterLink:
         try:
             request = self._build_mount()
             request.remount = again  # the master holds the room of a mount new to it back
+            request.master_run = self.master_run  # another run starts past generation_seen
             reply = self._stub.MountSegment(
                 request,
                 timeout=timeout_s,
@@ -196,6 +198,7 @@ class MasterLink:
             log.error("master %s refused the mount: %s", self.master, reply.status.message)
             return False
         self.refusal = ""
+        self.master_run = reply.master_run
         if self._on_fences is not None:
             self._on_fences(list(reply.fences), reply.fences_signature)
         if reply.heartbeat_interval_s > 0:

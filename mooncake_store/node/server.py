@@ -334,6 +334,7 @@ class StoreNode:
             control_endpoint=join_host_port(cfg.advertised_host, self.control_port or 0),
             secret=b"" if self.token else self.secret,  # with a token: derived, never sent
             segments=segments,
+            generation_seen=self.access.gate.generation_seen if self.access is not None else 0,
         )
 
     async def _track_mount(self) -> None:

@@ -133,6 +133,9 @@ class WriteGate:
         self._sweep_at = _SWEEP_FIRST
         self._lock = threading.Lock()  # fence changes come from the mount thread and the loop
         self._mounting: set[int] = set()  # segments shown closed to `watcher` (`mounting`)
+        # The highest put generation seen in a fence or an admitted write: reported when the
+        # node mounts, so a master whose disk went back in time starts past it (generations.py).
+        self.generation_seen = 0
         # Called with (segment, mount fence, pushed fence or None) after every fence change:
         # the node mirrors them into shared memory for same-host copies (common/shm_fence.py).
         self.watcher: Callable[[int, WriteFence, WriteFence | None], None] | None = None
@@ -155,6 +158,7 @@ class WriteGate:
         (`prune`)."""
         with self._lock:
             self._mount[segment_id] = fence
+            self._saw(fence)
             pushed = self._pushed.get(segment_id)
             if pushed is not None and pushed.floor < fence.floor:
                 del self._pushed[segment_id]
@@ -164,6 +168,7 @@ class WriteGate:
         """A fence the master pushed (FenceWrites): replaces the previous pushed one."""
         with self._lock:
             self._pushed[segment_id] = fence
+            self._saw(fence)
             self._changed(segment_id)
         self.prune(segment_id, now_ms)
 
@@ -183,6 +188,11 @@ class WriteGate:
             else:
                 self._mounting.discard(segment_id)
             self._changed(segment_id)
+
+    def _saw(self, fence: WriteFence) -> None:
+        seen = max(fence.floor, max(fence.open, default=0))
+        if seen > self.generation_seen:
+            self.generation_seen = seen
 
     def _changed(self, segment_id: int) -> None:
         if self.watcher is not None:
@@ -227,6 +237,8 @@ class WriteGate:
             self._tracked += 1
         gen.receiving.append((start, end))
         gen.expires_ms = max(gen.expires_ms, expires_ms)
+        if generation > self.generation_seen:
+            self.generation_seen = generation
         return PendingWrite(segment_id, generation, start, end)
 
     def finish(self, write: PendingWrite, now_ms: int) -> None:

@@ -180,3 +180,18 @@ def test_a_remount_the_node_serves_through_refuses_writes_until_its_reply_is_in(
     gate.mounting(SEG, True)
     gate.mounting(SEG, False)  # a mount that failed: the fences decide again
     assert gate.refusal(SEG, 5000, 40, 50) is None
+
+
+def test_the_gate_remembers_the_highest_generation_it_saw_for_the_next_mount():
+    gate = WriteGate()
+    gate.close(SEG)  # a closed segment's fence is no generation anyone handed out
+    assert gate.generation_seen == 0
+    gate.mounted(SEG, WriteFence(100, frozenset({90})))
+    assert gate.generation_seen == 100
+    gate.fenced(SEG, WriteFence(120, frozenset({150})), now_ms=0)  # an open put up there
+    assert gate.generation_seen == 150
+    write = gate.begin(SEG, 160, 0, 1, LATER_MS)  # an admitted write of a later put
+    gate.finish(write, now_ms=0)
+    assert gate.generation_seen == 160
+    gate.mounted(SEG, WriteFence(5, frozenset()))  # a master run whose disk went back
+    assert gate.generation_seen == 160  # what was seen stays seen
