@@ -18,7 +18,10 @@ Each mount reply carries the first write fence of every DRAM segment (node/write
 the master's signature of them, handed to `on_fences`; before mounting again a node the master
 forgot, `on_fences(None, "")` closes its segments to writes, so no grant of the forgotten mount
 lands while the mount is under way; it also closes the pool to same-host copies, and the mount
-waits `REMOUNT_GRACE_S` for a copy already started to land (common/shm_fence.py).
+waits `REMOUNT_GRACE_S` for a copy already started to land (common/shm_fence.py).  Every mount
+after the first refuses writes until its reply is in; one that gets no reply (the master may
+have applied it, afresh) leaves them refused, and the node mounts again every heartbeat interval
+until a reply comes (`fences_owed`).
 """
 
 from __future__ import annotations
@@ -60,18 +63,24 @@ class MasterLink:
         call_timeout_s: float = 1.0,
         unmount_timeout_s: float = 2.0,
         mount_timeout_s: float = 5.0,
-        on_fences: Callable[[Sequence[pb.WriteFence] | None, str], None] | None = None,
+        on_fences: Callable[[Sequence[pb.WriteFence] | None, str], bool] | None = None,
         on_mounting: Callable[[bool], None] | None = None,
     ) -> None:
         self.master = master
         # Called (on this link's thread) with True before a mount again (same-host copies
         # stop: the mount may be new to the master, which then hands the pool's room out
-        # afresh) and with False once it is over (its fences shown, or the old ones again).
+        # afresh) and with False once its reply is in (its fences shown).
         self._on_mounting = on_mounting
+        # A mount again got no reply (it timed out, the connection broke): the master may
+        # have applied it, afresh, and be handing the pool's room out under fences the node
+        # never saw, so writes stay refused (`on_mounting` stays True) and the node mounts
+        # again every heartbeat interval until a reply is in.
+        self.fences_owed = False
         self.ever_mounted = False
         self.master_run = 0  # the run of the master whose mount reply came last (0: none)
-        # Called (on this link's thread) with each mount reply's fences and their signature,
-        # and with None before mounting again after the master forgot the node.
+        # Called (on this link's thread) with each mount reply's fences and their signature
+        # (False: not taken, the node mounts again), and with None before mounting again
+        # after the master forgot the node.
         self._on_fences = on_fences
         self._closed_at = -REMOUNT_GRACE_S  # when `_close` last closed the pool to copies
         self._max_message_bytes = max_message_bytes
@@ -165,13 +174,18 @@ class MasterLink:
         again = self.ever_mounted
         if again and self._on_mounting is not None:
             self._on_mounting(True)
+        outcome: bool | None = None
         try:
-            return self._mount(timeout_s, keep_mounted=keep_mounted, again=again)
+            outcome = self._mount(timeout_s, keep_mounted=keep_mounted, again=again)
+            return bool(outcome)
         finally:
-            if again and self._on_mounting is not None:
+            if outcome is None and again and not self._stop.is_set():
+                self.fences_owed = True  # it may have been applied (a refusal was not)
+            if again and not self.fences_owed and self._on_mounting is not None:
                 self._on_mounting(False)
 
-    def _mount(self, timeout_s: float, *, keep_mounted: bool, again: bool) -> bool:
+    def _mount(self, timeout_s: float, *, keep_mounted: bool, again: bool) -> bool | None:
+        """True: mounted; False: refused (or stopping); None: no reply came."""
         try:
             request = self._build_mount()
             request.remount = again  # the master holds the room of a mount new to it back
@@ -187,7 +201,7 @@ class MasterLink:
                         exc.details())  # fmt: skip
             if not keep_mounted:
                 self.mounted.clear()
-            return False
+            return None
         if self._stop.is_set():  # stopping: do not count as mounted again (stop() unmounts)
             return False
         if reply.status.code != OK:
@@ -199,8 +213,10 @@ class MasterLink:
             return False
         self.refusal = ""
         self.master_run = reply.master_run
-        if self._on_fences is not None:
-            self._on_fences(list(reply.fences), reply.fences_signature)
+        if self._on_fences is not None:  # fences it cannot take (unsigned) are owed still
+            self.fences_owed = not self._on_fences(list(reply.fences), reply.fences_signature)
+        else:
+            self.fences_owed = False
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
         self._use_liveness_port(reply.liveness_port)
@@ -216,8 +232,8 @@ class MasterLink:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            if not self.mounted.is_set():
-                self._remount(keep_mounted=False)
+            if not self.mounted.is_set() or self.fences_owed:
+                self._remount(keep_mounted=self.mounted.is_set())
             # Beat even while a mount is under way: the master may have mounted this node
             # already and only be slow to reply, and it drops a node it does not hear from.
             self._beat()

@@ -227,18 +227,19 @@ class StoreNode:
         if self.access is not None:
             self.access.gate.mounting(self.segment_id, on)
 
-    def _take_fences(self, fences: Sequence[pb.WriteFence] | None, signature: str) -> None:
+    def _take_fences(self, fences: Sequence[pb.WriteFence] | None, signature: str) -> bool:
         """The master link's hook (on its thread): close the DRAM segment to writes before
         mounting afresh (None), or take the fence a mount reply gives it; the seals of the
         generations it ends are dropped on the event loop.  With a node token the fences must
         carry the master's signature (as FenceWrites must), or the segment stays closed; with
-        none (--auth off) a reply without a fence for the segment opens it."""
+        none (--auth off) a reply without a fence for the segment opens it.  False: the fences
+        were not taken (the link mounts again)."""
         access, loop = self.access, self._loop
         if access is None:
-            return
+            return True
         if fences is None:
             access.gate.close(self.segment_id)
-            return
+            return True
         mine = next((f for f in fences if f.segment_id == self.segment_id), None)
         if self.verifier is not None:
             body = pb.FenceWritesRequest(fences=fences).SerializeToString(deterministic=True)
@@ -247,11 +248,13 @@ class StoreNode:
             except AccessDeniedError as exc:
                 log.error("the mount reply's write fences are not the master's (%s): client "
                           "writes stay refused until a mount gives signed ones", exc)  # fmt: skip
-                return
+                access.gate.close(self.segment_id)  # its master may hand the room out afresh
+                return False
             if mine is None:
                 log.error("the mount reply has no write fence for this node's DRAM segment: "
                           "client writes stay refused until a mount gives one")  # fmt: skip
-                return
+                access.gate.close(self.segment_id)
+                return False
         fence = OPEN if mine is None else WriteFence(mine.floor, frozenset(mine.open))
         access.gate.mounted(self.segment_id, fence)
         if loop is not None:
@@ -261,6 +264,7 @@ class StoreNode:
                 )
             except RuntimeError:  # the loop closed: the node is stopping
                 pass
+        return True
 
     def _adopt_token(self, token: str) -> None:
         """Take `token` as this node's credential: derive this incarnation's grant key (the
