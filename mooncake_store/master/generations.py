@@ -31,7 +31,7 @@ from mooncake_store.common.daemon import StartupError
 
 RESERVE = 1 << 44
 MARGIN = 1 << 40  # generations an earlier run may have issued past what a node saw of it
-MAX_SEEN = 1 << 62  # a node reporting more is refused: the 64-bit space must never run out
+MAX_SEEN = 1 << 62  # no report moves a master past here: the 64-bit space must not run out
 FLOOR_FILE = "generation-floor"
 
 
@@ -41,15 +41,18 @@ def first_generation(data_dir: Path, now_us: int) -> int:
     return GenerationFloor(data_dir).start(now_us)
 
 
-def past_earlier_run(run: int, node_run: int, node_seen: int) -> int:
-    """The first generation this master run may hand out on a node that was last mounted by
-    run `node_run` (0: never mounted) and saw generations up to `node_seen`: 0 (no bound) when
-    that was this run or none, else `MARGIN` past what it saw.  Raises ValueError for a
-    `node_seen` no master hands out."""
+def past_earlier_run(run: int, node_run: int, node_seen: int, next_generation: int) -> int:
+    """The generation this master run must hand out from, before it mounts a node that was
+    last mounted by run `node_run` (0: never mounted) and saw generations up to `node_seen`:
+    0 when nothing needs to move (that was this run or none, or `next_generation` is past
+    what that run may have issued already), else `MARGIN` past what the node saw.  Raises
+    ValueError when that move would take this run to `MAX_SEEN` or beyond: a report, not this
+    master's own puts, is what is bounded (a node that saw this master's generations, however
+    high, is always mounted again)."""
+    if node_run in (0, run) or node_seen + MARGIN <= next_generation:
+        return 0
     if node_seen >= MAX_SEEN:
         raise ValueError(f"the node reports put generation {node_seen}, past any a master uses")
-    if node_run in (0, run):
-        return 0
     return node_seen + MARGIN
 
 

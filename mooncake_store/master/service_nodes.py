@@ -180,10 +180,13 @@ class NodeMethods(ServicerBase):
         mounted this node last (its grants may still be out: generations.py), with the floor
         file moved past them first.  The error to refuse the mount with, or None."""
         try:
-            start = past_earlier_run(self.master_run, request.master_run, request.generation_seen)
+            start = past_earlier_run(
+                self.master_run, request.master_run, request.generation_seen,
+                self.table.next_generation,
+            )  # fmt: skip
         except ValueError as exc:
             return InvalidArgumentError(str(exc))
-        if start <= self.table.next_generation:
+        if not start:
             return None
         if self.generation_floor is not None:
             try:

@@ -8,13 +8,27 @@ backup, leaves it), against a real master and node (in-process: InProcessCluster
 from __future__ import annotations
 
 import os
+import time
+
+import grpc
+from google.protobuf.message import Message
 
 from mooncake_store import Client
+from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.cluster_inprocess import InProcessCluster
+from mooncake_store.common.auth import (
+    SIGNATURE_METADATA,
+    bearer,
+    node_proof_key,
+    node_secret_of,
+    sign_request,
+)
 from mooncake_store.common.errors import AccessDeniedError
 from mooncake_store.common.grant import grant_generation
-from mooncake_store.master.generations import FLOOR_FILE, MARGIN, RESERVE
+from mooncake_store.master.generations import FLOOR_FILE, MARGIN, MAX_SEEN, RESERVE
 from tests.conftest import FAST_MASTER, wait_until
+from tests.integration.test_security import create_token
 from tests.integration.test_write_grants import Master, connect, write
 
 VALUE = os.urandom(256 * 1024)
@@ -60,3 +74,44 @@ def test_a_master_on_a_disk_gone_back_starts_past_the_generations_its_nodes_saw(
             store.put("after-restart", VALUE)
             assert store.get("after-restart") == VALUE
             assert store.get_many(list(fresh)) == list(fresh.values())
+
+
+def test_a_node_reporting_generations_near_the_cap_cannot_lock_the_others_out(tmp_path):
+    """One node token (`intruder`'s) reports having seen a generation just under the cap from
+    another master run: the master moves its generations past it, up where every node it
+    fences then sees more than the cap.  A remount that needs no move (the same run, or a later
+    run whose floor is past what the nodes saw) must still be taken: the cap only bounds how
+    far a report may move the master, never what its own puts were named.  (Without that,
+    every node was refused at the next master start: the cluster was locked out for good.)"""
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        master = cluster.master_address
+        token = create_token(cluster, "--role", "node", "--node-id", "intruder")
+        report = pb.MountSegmentRequest(
+            node_id="intruder", incarnation=7, endpoint="127.0.0.1:1",
+            control_endpoint="127.0.0.1:1", generation_seen=MAX_SEEN - 1, master_run=1,
+        )  # fmt: skip
+        proof = node_proof_key(node_secret_of(token), "intruder", 7)
+        with grpc.insecure_channel(master) as channel:
+            stub = pb_grpc.MasterServiceStub(channel)
+
+            def signed(method: str, request: Message) -> list[tuple[str, str]]:
+                body = request.SerializeToString(deterministic=True)
+                signature = sign_request(proof, method, body, time.time())
+                return [("authorization", f"Bearer {bearer(token)}"),
+                        (SIGNATURE_METADATA, signature)]  # fmt: skip
+
+            reply = stub.MountSegment(report, timeout=5, metadata=signed("MountSegment", report))
+            assert reply.status.code == 0, reply.status.message  # under the cap: taken
+            gone = pb.UnmountSegmentRequest(node_id="intruder", incarnation=7)
+            stub.UnmountSegment(gone, timeout=5, metadata=signed("UnmountSegment", gone))
+        gate = cluster.nodes[0].server.access.gate
+        with Client(master) as store:  # the master fences node-0 with its puts' generations
+            store.put_many({f"before/{i}": VALUE for i in range(4)})
+            wait_until(lambda: gate.generation_seen >= MAX_SEEN, timeout_s=10)
+        # node-0 mounts on the next run: its floor is past what node-0 saw, nothing to move.
+        cluster.master.stop()
+        cluster.start_master()
+        cluster.wait_for_nodes(1, timeout_s=10)
+        with Client(master) as store:
+            store.put("next-run", VALUE)
+            assert store.get("next-run") == VALUE

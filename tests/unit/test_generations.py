@@ -34,11 +34,18 @@ def test_an_unreadable_floor_falls_back_to_the_clock(tmp_path):
 
 
 def test_a_node_last_mounted_by_another_run_moves_the_start_past_what_it_saw():
-    assert past_earlier_run(run=7, node_run=0, node_seen=0) == 0  # never mounted: no bound
-    assert past_earlier_run(run=7, node_run=7, node_seen=10**15) == 0  # this run's own
-    assert past_earlier_run(run=7, node_run=3, node_seen=10**15) == 10**15 + MARGIN
+    assert past_earlier_run(run=7, node_run=0, node_seen=0, next_generation=5) == 0  # none
+    assert past_earlier_run(run=7, node_run=7, node_seen=10**15, next_generation=5) == 0
+    assert past_earlier_run(7, node_run=3, node_seen=10**15, next_generation=5) == 10**15 + MARGIN
+    # Already past what the other run may have issued: nothing moves.
+    assert past_earlier_run(7, node_run=3, node_seen=10**15, next_generation=10**15 + MARGIN) == 0
     with pytest.raises(ValueError, match="past any a master uses"):
-        past_earlier_run(run=7, node_run=3, node_seen=MAX_SEEN)
+        past_earlier_run(run=7, node_run=3, node_seen=MAX_SEEN, next_generation=5)
+    # Only a move is bounded: a node that saw this master's own generations up there (or a
+    # later run's floor past them) is mounted again.
+    assert past_earlier_run(run=7, node_run=7, node_seen=MAX_SEEN, next_generation=5) == 0
+    high = MAX_SEEN + MARGIN
+    assert past_earlier_run(7, node_run=3, node_seen=MAX_SEEN, next_generation=high) == 0
 
 
 def test_the_floor_is_written_again_before_generations_near_it_are_handed_out(tmp_path):
