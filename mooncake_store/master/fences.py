@@ -20,8 +20,9 @@ writer's grant is sealed over the bytes it wrote.  The one window left is a clie
 bytes it never wrote through its grant (it wrote them over same-host shared memory, which
 grants do not govern, or not at all): that grant could write into the extent's next owner until
 the next fence, which the owner's checksum catches.  Generations are unique per put in the
-master's lifetime, and a restarted master's start past every earlier master's (the wall clock,
-a floor on its disk, and what its nodes report having seen: master/generations.py).
+master's lifetime, and on each segment a restarted master's start past every earlier master's
+(the wall clock, a floor on its disk, and what its nodes report having seen when they mount:
+master/generations.py).
 """
 
 from __future__ import annotations
