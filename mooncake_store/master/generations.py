@@ -43,13 +43,16 @@ def first_generation(data_dir: Path, now_us: int) -> int:
 
 def past_earlier_run(run: int, node_run: int, node_seen: int, next_generation: int) -> int:
     """The generation this master run must hand out from, before it mounts a node that was
-    last mounted by run `node_run` (0: never mounted) and saw generations up to `node_seen`:
-    0 when nothing needs to move (that was this run or none, or `next_generation` is past
-    what that run may have issued already), else `MARGIN` past what the node saw.  Raises
+    last mounted by run `node_run` and saw generations up to `node_seen`: 0 when nothing needs
+    to move (that was this run, or `next_generation` is past what that run may have issued
+    already), else `MARGIN` past what the node saw.  `node_run` 0 (no mount reply taken yet,
+    or an older master that sends none) counts as another run: a node whose first reply was
+    lost may hold fences of a run that will not say so (a node that saw nothing needs no
+    move: masters start at the clock in microseconds, far past `MARGIN`).  Raises
     ValueError when that move would take this run to `MAX_SEEN` or beyond: a report, not this
     master's own puts, is what is bounded (a node that saw this master's generations, however
     high, is always mounted again)."""
-    if node_run in (0, run) or node_seen + MARGIN <= next_generation:
+    if node_run == run or node_seen + MARGIN <= next_generation:
         return 0
     if node_seen >= MAX_SEEN:
         raise ValueError(f"the node reports put generation {node_seen}, past any a master uses")

@@ -34,7 +34,11 @@ def test_an_unreadable_floor_falls_back_to_the_clock(tmp_path):
 
 
 def test_a_node_last_mounted_by_another_run_moves_the_start_past_what_it_saw():
-    assert past_earlier_run(run=7, node_run=0, node_seen=0, next_generation=5) == 0  # none
+    assert past_earlier_run(run=7, node_run=0, node_seen=0, next_generation=5) == MARGIN
+    # A fresh node saw nothing: a master starting at the clock needs no move.
+    assert past_earlier_run(run=7, node_run=0, node_seen=0, next_generation=10**15) == 0
+    # No reply taken yet, but fences seen (its first mount reply was lost): another run's.
+    assert past_earlier_run(7, node_run=0, node_seen=10**15, next_generation=5) == 10**15 + MARGIN
     assert past_earlier_run(run=7, node_run=7, node_seen=10**15, next_generation=5) == 0
     assert past_earlier_run(7, node_run=3, node_seen=10**15, next_generation=5) == 10**15 + MARGIN
     # Already past what the other run may have issued: nothing moves.
