@@ -720,10 +720,12 @@ class WriteFence(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., floor: _Optional[int] = ..., open: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FenceWritesRequest(_message.Message):
-    __slots__ = ("fences",)
+    __slots__ = ("fences", "master_run")
     FENCES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
-    def __init__(self, fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ...) -> None: ...
+    master_run: int
+    def __init__(self, fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class WriteChunk(_message.Message):
     __slots__ = ("grant", "offset", "size_bytes", "data")

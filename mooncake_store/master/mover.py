@@ -46,6 +46,7 @@ class NodeMover:
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
         #: Per node id, the key that signs its control requests (set at mount; empty: auth off).
         self.control_keys: dict[str, bytes] = {}
+        self.master_run = 0  # named in write fences (set by the server: the servicer's run)
 
     def _signed(self, node_id: str, method: str, request: Message) -> list[tuple[str, str]]:
         """The metadata that makes `request` a master-signed one for `node_id`."""
@@ -160,13 +161,18 @@ class NodeMover:
                 fences=[
                     pb.WriteFence(segment_id=seg.segment_id, floor=floor, open=sorted(open_))
                     for seg, floor, open_ in mine
-                ]
+                ],
+                master_run=self.master_run,
             )
             try:
                 signed = self._signed(node_id, "FenceWrites", request)
-                await stub.FenceWrites(request, timeout=5.0, metadata=signed)
+                status = await stub.FenceWrites(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
                 log.warning("write fence on node %s failed: %s", node_id, exc.code().name)
+                self.table.fence_failed()
+                return
+            if status.code != OK:  # not taken (this run's mount reply not applied there yet)
+                log.warning("node %s did not take a write fence: %s", node_id, status.message)
                 self.table.fence_failed()
                 return
             for seg, floor, open_ in mine:

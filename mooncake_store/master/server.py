@@ -188,6 +188,7 @@ class MasterServer:
         )  # each caller's keys: master/tenancy.py
         add_to_server(InstrumentedServicer(tenants, self.metrics, "grpc"), server)  # type: ignore[arg-type]
         self.mover.control_keys = self._servicer.control_keys
+        self.mover.master_run = self._servicer.master_run  # nodes take fences of that run only
         self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
         self._servicer.fence_now = self._fence_now  # puts wait for released leases' room
         self._servicer.generation_floor = self.generations

@@ -20,6 +20,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 import grpc
@@ -69,6 +70,9 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         self.fetched_bytes = 0
         self.checksum_failures = 0  # blocks that failed their checksum in a move or a fetch
         self._local = threading.local()  # each I/O thread's fetch staging buffer
+        # The run of the master whose mount reply the node took last (0: none yet): set by
+        # the node once its master link exists (node/master_link.py `master_run`).
+        self.master_run: Callable[[], int] = lambda: 0
 
     async def _check(self, method: str, request: Message, context: object) -> None:
         """Abort the call (PERMISSION_DENIED) unless the master signed this very request."""
@@ -261,6 +265,15 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         Master-signed like Fetch/Move/Release: an unsigned fence could lower the floor and
         make ended write grants work again."""
         await self._check("FenceWrites", request, context)
+        mine = self.master_run()
+        if request.master_run and mine and request.master_run != mine:
+            self.refused += 1
+            problem = (
+                f"write fences of master run {request.master_run:x}, but this node's last "
+                f"mount reply came from run {mine:x}: refused (a master that lost its place "
+                "cannot move the fences of the one that mounted the node)"
+            )
+            return pb.Status(code=AccessDeniedError.code, message=problem)
         now_ms = int(time.time() * 1000)
         for fence in request.fences:
             if fence.segment_id in self.dram:

@@ -210,6 +210,8 @@ class StoreNode:
             unmount_timeout_s=cfg.unmount_timeout_s, mount_timeout_s=cfg.mount_timeout_s,
             on_fences=self._take_fences, on_mounting=self._mounting,
         )  # fmt: skip
+        link = self._link
+        self.control.master_run = lambda: link.master_run  # FenceWrites from that run only
         if self.token:  # found while the link built its first mount request
             self._link.set_token(bearer(self.token), node_secret_of(self.token))
         if not await loop.run_in_executor(None, self._link.mount, cfg.mount_timeout_s):

@@ -26,6 +26,7 @@ from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation, Retry
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError, SegmentNotFoundError
+from mooncake_store.common.grant import grant_generation
 from mooncake_store.common.wire import RESPONSE, Op, pack_request
 from tests.conftest import FAST_MASTER, wait_until
 
@@ -316,3 +317,36 @@ def test_a_grpc_write_still_landing_when_its_put_is_revoked_is_cut_off(tmp_path)
             assert reply.status.code == AccessDeniedError.code, reply.status
         with Client(master) as reader:
             assert reader.get_many(list(stored)) == list(stored.values())
+
+
+def test_write_fences_of_another_master_run_are_refused(tmp_path):
+    """A master that lost its place (a failover left it running) still holds each node's
+    control key: its pushes must not replace the fences of the run that mounted the node,
+    or the grants of puts that run ended would work again."""
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        assert cluster.master is not None
+        master, node = cluster.master.server, cluster.nodes[0].server
+        gate = node.access.gate
+        with Master(cluster.master_address) as calls:
+            loc = calls.put_start("revoked", len(VALUE))  # granted, never written
+            assert calls.run(put_revoke_call(["revoked"])) == [None]
+            generation = grant_generation(loc.grant)
+            wait_until(lambda: gate.ended(loc.segment_id, generation), what="the write fence")
+
+            def push(run: int) -> pb.Status:
+                request = pb.FenceWritesRequest(
+                    fences=[pb.WriteFence(segment_id=loc.segment_id, floor=0)], master_run=run
+                )  # a floor of 0 would reopen every generation above the mount's
+                signed = master.mover._signed(node.node_id, "FenceWrites", request)
+                with grpc.insecure_channel(f"127.0.0.1:{node.control_port}") as channel:
+                    stub = pb_grpc.NodeServiceStub(channel)
+                    return stub.FenceWrites(request, timeout=5, metadata=signed)
+
+            run = master._servicer.master_run
+            status = push(run ^ 0x10)  # signed with the node's key, from another run
+            assert status.code == AccessDeniedError.code and "master run" in status.message
+            assert gate.ended(loc.segment_id, generation)
+            with connect(loc) as sock:
+                status_code, message = write(sock, loc, VALUE)
+            assert status_code == AccessDeniedError.code and "write grant ended" in message
+            assert push(run).code == OK  # the run that mounted the node moves its fences
