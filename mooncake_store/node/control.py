@@ -268,6 +268,9 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         mine = self.master_run()
         if request.master_run and mine and request.master_run != mine:
             self.refused += 1
+            for fence in request.fences:  # not taken, but that run's generations are out
+                if fence.segment_id in self.dram:
+                    self.gate.saw(WriteFence(fence.floor, frozenset(fence.open)))
             problem = (
                 f"write fences of master run {request.master_run:x}, but this node's last "
                 f"mount reply came from run {mine:x}: refused (a master that lost its place "

@@ -189,6 +189,14 @@ class WriteGate:
                 self._mounting.discard(segment_id)
             self._changed(segment_id)
 
+    def saw(self, fence: WriteFence) -> None:
+        """A fence the node does not take (a push of another master run: node/control.py):
+        its generations count as seen all the same.  That run may have mounted the node (its
+        reply lost) and granted puts here; should its floor file be lost, the next run must
+        start past them (master/generations.py), and only the node can tell it so."""
+        with self._lock:
+            self._saw(fence)
+
     def _saw(self, fence: WriteFence) -> None:
         seen = max(fence.floor, max(fence.open, default=0))
         if seen > self.generation_seen:

@@ -15,8 +15,10 @@ import threading
 import time
 
 from mooncake_store import Client
+from mooncake_store.client.master_client import put_revoke_call
 from mooncake_store.cluster_inprocess import InProcessCluster
-from mooncake_store.common.errors import AccessDeniedError
+from mooncake_store.common.errors import OK, AccessDeniedError
+from mooncake_store.master.generations import FLOOR_FILE
 from tests.conftest import FAST_MASTER, wait_until
 from tests.integration.test_write_grants import Master, connect, write
 
@@ -150,5 +152,47 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
                 with Client(cluster.master_address) as store:
                     store.put("after", VALUE)
                     assert store.get("after") == VALUE
+        finally:
+            relay.close()
+
+
+def test_a_run_whose_mount_reply_was_lost_is_seen_in_the_fences_it_pushed(tmp_path):
+    """The node refuses the pushes of a run whose mount reply it never took (node/control.py),
+    but they still tell it that run's generations: if that run's floor file is then lost, the
+    next run must start past them (master/generations.py), or the lost run's grants, issued for
+    this very segment, work again under the next run's mount fence."""
+    args = [*FAST_MASTER, "--heartbeat-interval", "3s", "--heartbeat-ttl", "20s", "--auth", "off"]
+    with InProcessCluster(tmp_path, nodes=0, dram="16MiB", master_args=args) as cluster:
+        relay = ReplyDropper(cluster.master_address)
+        floor_file = cluster.data_dir / FLOOR_FILE
+        try:
+            node = cluster.add_node("--master", relay.address, "--mount-timeout", "4")
+            link, control = node.server._link, node.server.control
+            assert link is not None and control is not None
+            relay.dropping = True
+            assert cluster.master is not None
+            cluster.master.stop()
+            before = floor_file.read_text()  # where the next run starts from
+            wait_until(lambda: link._remounting is not None and link._remounting.is_alive(),
+                       what="a heartbeat to find the master gone")  # fmt: skip
+            master = cluster.start_master().server
+            wait_until(lambda: master.table.node(node.server.node_id) is not None,
+                       what="the new master to apply the mount")  # fmt: skip
+            wait_until(lambda: link.fences_owed, what="the mount to time out unanswered")
+            with Master(cluster.master_address) as calls:
+                stale = calls.put_start("granted-by-the-lost-run", len(VALUE))
+                calls.put_start("revoked", len(VALUE))
+                refused = control.refused
+                assert calls.run(put_revoke_call(["revoked"])) == [None]  # a fence is pushed
+                wait_until(lambda: control.refused > refused, what="a push of that run refused")
+                cluster.master.stop()  # and its floor file loses what it wrote
+            floor_file.write_text(before)
+            relay.restore()
+            cluster.start_master()
+            wait_until(lambda: not link.fences_owed, what="a mount reply")
+            with connect(stale) as sock:
+                status, message = write(sock, stale, b"\xee" * len(VALUE))
+            assert status != OK, "a grant of the lost run wrote under the next run's fence"
+            assert status == AccessDeniedError.code and "write grant ended" in message
         finally:
             relay.close()
