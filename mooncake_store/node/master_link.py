@@ -180,9 +180,14 @@ class MasterLink:
             return bool(outcome)
         finally:
             if outcome is None and again and not self._stop.is_set():
+                if not self.fences_owed:
+                    log.warning("the mount got no reply from master %s: client writes stay "
+                                "refused until a mount reply comes", self.master)  # fmt: skip
                 self.fences_owed = True  # it may have been applied (a refusal was not)
-            if again and not self.fences_owed and self._on_mounting is not None:
-                self._on_mounting(False)
+            # Stopping: writes stay refused (the old fences may be a forgotten mount's).
+            if again and not self.fences_owed and not self._stop.is_set():
+                if self._on_mounting is not None:
+                    self._on_mounting(False)
 
     def _mount(self, timeout_s: float, *, keep_mounted: bool, again: bool) -> bool | None:
         """True: mounted; False: refused (or stopping); None: no reply came."""

@@ -70,6 +70,13 @@ class NodeCollector(Collector):
                                     labels=labels)  # fmt: skip
         mounted.add_metric(nid, 1 if link is not None and link.mounted.is_set() else 0)
         yield mounted
+        owed = GaugeMetricFamily(
+            "mooncake_node_mount_reply_owed",
+            "1 while a mount again got no reply: client writes are refused until one comes.",
+            labels=labels,
+        )
+        owed.add_metric(nid, 1 if link is not None and link.fences_owed else 0)
+        yield owed
         capacity = GaugeMetricFamily("mooncake_node_tier_capacity_bytes", "Size of each tier.",
                                      labels=[*labels, "tier"])  # fmt: skip
         for tier, size in node.tier_sizes().items():

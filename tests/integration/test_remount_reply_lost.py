@@ -19,6 +19,7 @@ from mooncake_store.client.master_client import put_revoke_call
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.errors import OK, AccessDeniedError
 from mooncake_store.master.generations import FLOOR_FILE
+from mooncake_store.node.metrics import node_registry
 from tests.conftest import FAST_MASTER, wait_until
 from tests.integration.test_write_grants import Master, connect, write
 
@@ -135,6 +136,9 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
                 wait_until(lambda: master.table.node(node.server.node_id) is not None,
                            what="the new master to apply the mount")  # fmt: skip
                 wait_until(lambda: link.fences_owed, what="the mount to time out unanswered")
+                metrics = node_registry(node.server)
+                owed = {"node": node.server.node_id}
+                assert metrics.get_sample_value("mooncake_node_mount_reply_owed", owed) == 1
                 assert link.mounted.is_set()  # the node heartbeats on: the master knows it
                 # The earlier master's grant finds the pool closed, not its old fences.
                 with connect(stale) as sock:
@@ -145,6 +149,7 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
 
                 relay.restore()  # the node mounts again until a reply is in
                 wait_until(lambda: not link.fences_owed, what="a mount reply")
+                assert metrics.get_sample_value("mooncake_node_mount_reply_owed", owed) == 0
                 assert link.master_run == master._servicer.master_run
                 with connect(stale) as sock:  # the new master's fence ends it for good
                     status, message = write(sock, stale, b"\xee" * len(VALUE))
