@@ -610,10 +610,12 @@ class MoveTask(_message.Message):
     def __init__(self, key: _Optional[str] = ..., src_segment: _Optional[int] = ..., src_offset: _Optional[int] = ..., dst_segment: _Optional[int] = ..., dst_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ...) -> None: ...
 
 class MoveRequest(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "master_run")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[MoveTask]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ...) -> None: ...
+    master_run: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class MoveResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -642,10 +644,12 @@ class FetchTask(_message.Message):
     def __init__(self, key: _Optional[str] = ..., src_endpoint: _Optional[str] = ..., grant: _Optional[bytes] = ..., src_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., dst_segment: _Optional[int] = ..., dst_offset: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("tasks",)
+    __slots__ = ("tasks", "master_run")
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[FetchTask]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[FetchTask, _Mapping]]] = ...) -> None: ...
+    master_run: int
+    def __init__(self, tasks: _Optional[_Iterable[_Union[FetchTask, _Mapping]]] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -654,12 +658,14 @@ class FetchResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("segment_id", "offsets")
+    __slots__ = ("segment_id", "offsets", "master_run")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    master_run: int
+    def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class ReplicaRef(_message.Message):
     __slots__ = ("segment_id", "offset")

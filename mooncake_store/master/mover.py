@@ -46,7 +46,9 @@ class NodeMover:
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.NodeServiceStub]] = {}
         #: Per node id, the key that signs its control requests (set at mount; empty: auth off).
         self.control_keys: dict[str, bytes] = {}
-        self.master_run = 0  # named in write fences (set by the server: the servicer's run)
+        # Named in every control request (set by the server: the servicer's run); nodes act
+        # only for the run whose mount reply they took last (node/control.py `_other_run`).
+        self.master_run = 0
 
     def _signed(self, node_id: str, method: str, request: Message) -> list[tuple[str, str]]:
         """The metadata that makes `request` a master-signed one for `node_id`."""
@@ -91,7 +93,7 @@ class NodeMover:
                     parent_key=t.parent_key, tag=t.tag,
                 )
                 for t in tasks
-            ])  # fmt: skip
+            ], master_run=self.master_run)  # fmt: skip
             try:
                 signed = self._signed(node_id, "Move", request)
                 reply = await stub.Move(request, timeout=self.timeout_s, metadata=signed)
@@ -125,7 +127,7 @@ class NodeMover:
                     dst_segment=t.dst.segment_id, dst_offset=t.dst_offset,
                 ))  # fmt: skip
             try:
-                request = pb.FetchRequest(tasks=fetches)
+                request = pb.FetchRequest(tasks=fetches, master_run=self.master_run)
                 signed = self._signed(node_id, "Fetch", request)
                 reply = await stub.Fetch(request, timeout=self.timeout_s, metadata=signed)
                 codes = [s.code for s in reply.statuses]
@@ -141,7 +143,9 @@ class NodeMover:
             if stub is None:
                 continue
             try:
-                request = pb.ReleaseRequest(segment_id=segment_id, offsets=offsets)
+                request = pb.ReleaseRequest(
+                    segment_id=segment_id, offsets=offsets, master_run=self.master_run
+                )
                 signed = self._signed(seg.node_id, "Release", request)  # type: ignore[union-attr]
                 await stub.Release(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:

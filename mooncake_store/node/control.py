@@ -90,8 +90,27 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             log.warning("refused a %s request: %s", method, exc)
             await ctx.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 
+    def _other_run(self, method: str, run: int) -> str | None:
+        """Why a master-signed request of master run `run` is refused: that run is not the one
+        whose mount reply the node took last (0 on either side: not known, taken).  A master
+        that lost its place (a failover left it running) still holds the node's control key;
+        it must not move fences, copy into DRAM room or make the NVMe tier forget extents
+        the master that mounted the node now allocates."""
+        mine = self.master_run()
+        if not run or not mine or run == mine:
+            return None
+        self.refused += 1
+        return (
+            f"{method} of master run {run:x}, but this node's last mount reply came from run "
+            f"{mine:x}: refused (only the master that mounted the node acts on it)"
+        )
+
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
         await self._check("Move", request, context)
+        problem = self._other_run("Move", request.master_run)
+        if problem is not None:
+            refused = pb.Status(code=AccessDeniedError.code, message=problem)
+            return pb.MoveResponse(statuses=[refused] * len(request.tasks))
         loop = asyncio.get_running_loop()
         statuses = await loop.run_in_executor(self.executor, self._move_all, list(request.tasks))
         return pb.MoveResponse(statuses=statuses)
@@ -193,6 +212,10 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     async def Fetch(self, request: pb.FetchRequest, context: object) -> pb.FetchResponse:
         await self._check("Fetch", request, context)
+        problem = self._other_run("Fetch", request.master_run)
+        if problem is not None:
+            refused = pb.Status(code=AccessDeniedError.code, message=problem)
+            return pb.FetchResponse(statuses=[refused] * len(request.tasks))
         loop = asyncio.get_running_loop()
         statuses = await loop.run_in_executor(self.executor, self._fetch_all, list(request.tasks))
         return pb.FetchResponse(statuses=statuses)
@@ -265,17 +288,11 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         Master-signed like Fetch/Move/Release: an unsigned fence could lower the floor and
         make ended write grants work again."""
         await self._check("FenceWrites", request, context)
-        mine = self.master_run()
-        if request.master_run and mine and request.master_run != mine:
-            self.refused += 1
+        problem = self._other_run("FenceWrites", request.master_run)
+        if problem is not None:
             for fence in request.fences:  # not taken, but that run's generations are out
                 if fence.segment_id in self.dram:
                     self.gate.saw(WriteFence(fence.floor, frozenset(fence.open)))
-            problem = (
-                f"write fences of master run {request.master_run:x}, but this node's last "
-                f"mount reply came from run {mine:x}: refused (a master that lost its place "
-                "cannot move the fences of the one that mounted the node)"
-            )
             return pb.Status(code=AccessDeniedError.code, message=problem)
         now_ms = int(time.time() * 1000)
         for fence in request.fences:
@@ -290,6 +307,9 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     async def Release(self, request: pb.ReleaseRequest, context: object) -> pb.Status:
         await self._check("Release", request, context)
+        problem = self._other_run("Release", request.master_run)
+        if problem is not None:
+            return pb.Status(code=AccessDeniedError.code, message=problem)
         tier = self.nvme.get(request.segment_id)
         if tier is not None and request.offsets:
             loop = asyncio.get_running_loop()

@@ -319,10 +319,11 @@ def test_a_grpc_write_still_landing_when_its_put_is_revoked_is_cut_off(tmp_path)
             assert reader.get_many(list(stored)) == list(stored.values())
 
 
-def test_write_fences_of_another_master_run_are_refused(tmp_path):
+def test_control_requests_of_another_master_run_are_refused(tmp_path):
     """A master that lost its place (a failover left it running) still holds each node's
-    control key: its pushes must not replace the fences of the run that mounted the node,
-    or the grants of puts that run ended would work again."""
+    control key: its pushes must not replace the fences of the run that mounted the node, or
+    the grants of puts that run ended would work again, and its copies and releases must not
+    touch room that run allocates."""
     with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
         assert cluster.master is not None
         master, node = cluster.master.server, cluster.nodes[0].server
@@ -349,4 +350,34 @@ def test_write_fences_of_another_master_run_are_refused(tmp_path):
             with connect(loc) as sock:
                 status_code, message = write(sock, loc, VALUE)
             assert status_code == AccessDeniedError.code and "write grant ended" in message
+
+            # Nor may it copy into DRAM room (a Fetch, a promotion's Move) or make the NVMe
+            # tier forget extents: the node acts for the run that mounted it only.
+            pool = node.access.dram[loc.segment_id]
+            before = bytes(pool[loc.offset : loc.offset + 64])
+            fetch = pb.FetchRequest(
+                tasks=[pb.FetchTask(key="copied", src_endpoint=loc.endpoint, grant=loc.grant,
+                                    src_offset=loc.offset, size_bytes=64, checksum=1,
+                                    dst_segment=loc.segment_id, dst_offset=loc.offset)],
+                master_run=run ^ 0x10,
+            )  # fmt: skip
+            move = pb.MoveRequest(
+                tasks=[pb.MoveTask(key="moved", src_segment=loc.segment_id, dst_segment=1,
+                                   size_bytes=64)],
+                master_run=run ^ 0x10,
+            )  # fmt: skip
+            release = pb.ReleaseRequest(segment_id=1, offsets=[0], master_run=run ^ 0x10)
+            with grpc.insecure_channel(f"127.0.0.1:{node.control_port}") as channel:
+                stub = pb_grpc.NodeServiceStub(channel)
+                replies = [
+                    stub.Fetch(fetch, timeout=5, metadata=master.mover._signed(
+                        node.node_id, "Fetch", fetch)).statuses[0],
+                    stub.Move(move, timeout=5, metadata=master.mover._signed(
+                        node.node_id, "Move", move)).statuses[0],
+                    stub.Release(release, timeout=5, metadata=master.mover._signed(
+                        node.node_id, "Release", release)),
+                ]  # fmt: skip
+            for reply in replies:
+                assert reply.code == AccessDeniedError.code and "master run" in reply.message
+            assert bytes(pool[loc.offset : loc.offset + 64]) == before
             assert push(run).code == OK  # the run that mounted the node moves its fences
