@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from typing import Any
 
 from mooncake_store import Client
 from mooncake_store.client.master_client import put_revoke_call
@@ -110,6 +111,23 @@ class ReplyDropper:
             dst.close()
 
 
+def restart_losing_the_mount_reply(cluster: InProcessCluster, node: Any) -> Any:
+    """Restart the master while the relay drops replies: the node's heartbeats find the master
+    gone and it mounts again through the relay; the new master applies that mount (afresh: it
+    never knew the node) and the reply is lost.  Heartbeats reach the new master's heartbeat
+    port directly, and it knows the node now.  Returns the new master (its MasterServer)."""
+    link = node.server._link
+    assert cluster.master is not None
+    cluster.master.stop()
+    wait_until(lambda: link._remounting is not None and link._remounting.is_alive(),
+               what="a heartbeat to find the master gone")  # fmt: skip
+    master = cluster.start_master().server
+    wait_until(lambda: master.table.node(node.server.node_id) is not None,
+               what="the new master to apply the mount")  # fmt: skip
+    wait_until(lambda: link.fences_owed, what="the mount to time out unanswered")
+    return master
+
+
 def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(tmp_path):
     # Heartbeats every 3 s: the one that finds the master gone starts the mount, and the next
     # reaches the new master after it applied that mount.  --auth off: the node finds no token
@@ -124,18 +142,7 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
             with Master(cluster.master_address) as calls:  # kept open: the put stays pending
                 stale = calls.put_start("granted-before-the-restart", len(VALUE))
                 relay.dropping = True
-                assert cluster.master is not None
-                cluster.master.stop()
-                wait_until(lambda: link._remounting is not None and link._remounting.is_alive(),
-                           what="a heartbeat to find the master gone")  # fmt: skip
-                master = cluster.start_master().server
-                # The node's heartbeats find the master gone and it mounts again through the
-                # relay: the new master applies that mount (afresh: it never knew the node)
-                # and the reply is lost.  Heartbeats reach the new master's heartbeat port
-                # directly, and it knows the node now.
-                wait_until(lambda: master.table.node(node.server.node_id) is not None,
-                           what="the new master to apply the mount")  # fmt: skip
-                wait_until(lambda: link.fences_owed, what="the mount to time out unanswered")
+                master = restart_losing_the_mount_reply(cluster, node)
                 metrics = node_registry(node.server)
                 owed = {"node": node.server.node_id}
                 assert metrics.get_sample_value("mooncake_node_mount_reply_owed", owed) == 1
@@ -175,15 +182,8 @@ def test_a_run_whose_mount_reply_was_lost_is_seen_in_the_fences_it_pushed(tmp_pa
             link, control = node.server._link, node.server.control
             assert link is not None and control is not None
             relay.dropping = True
-            assert cluster.master is not None
-            cluster.master.stop()
             before = floor_file.read_text()  # where the next run starts from
-            wait_until(lambda: link._remounting is not None and link._remounting.is_alive(),
-                       what="a heartbeat to find the master gone")  # fmt: skip
-            master = cluster.start_master().server
-            wait_until(lambda: master.table.node(node.server.node_id) is not None,
-                       what="the new master to apply the mount")  # fmt: skip
-            wait_until(lambda: link.fences_owed, what="the mount to time out unanswered")
+            restart_losing_the_mount_reply(cluster, node)
             with Master(cluster.master_address) as calls:
                 stale = calls.put_start("granted-by-the-lost-run", len(VALUE))
                 calls.put_start("revoked", len(VALUE))
