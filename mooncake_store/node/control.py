@@ -92,16 +92,18 @@ class NodeControl(pb_grpc.NodeServiceServicer):
 
     def _other_run(self, method: str, run: int) -> str | None:
         """Why a master-signed request of master run `run` is refused: that run is not the one
-        whose mount reply the node took last (0 on either side: not known, taken).  A master
-        that lost its place (a failover left it running) still holds the node's control key;
-        it must not move fences, copy into DRAM room or make the NVMe tier forget extents
-        the master that mounted the node now allocates."""
+        whose mount reply the node took last.  Before the node's first mount reply (its own
+        run 0) every run is taken; after it, a request naming no run (0) is refused too: every
+        master names its run.  A master that lost its place (a failover left it running)
+        still holds the node's control key; it must not move fences, copy into DRAM room or
+        make the NVMe tier forget extents the master that mounted the node now allocates."""
         mine = self.master_run()
-        if not run or not mine or run == mine:
+        if not mine or run == mine:
             return None
         self.refused += 1
+        named = f"master run {run:x}" if run else "no master run"
         return (
-            f"{method} of master run {run:x}, but this node's last mount reply came from run "
+            f"{method} naming {named}, but this node's last mount reply came from run "
             f"{mine:x}: refused (only the master that mounted the node acts on it)"
         )
 

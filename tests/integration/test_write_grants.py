@@ -344,9 +344,10 @@ def test_control_requests_of_another_master_run_are_refused(tmp_path):
                     return stub.FenceWrites(request, timeout=5, metadata=signed)
 
             run = master._servicer.master_run
-            status = push(run ^ 0x10)  # signed with the node's key, from another run
-            assert status.code == AccessDeniedError.code and "master run" in status.message
-            assert gate.ended(loc.segment_id, generation)
+            for other in (run ^ 0x10, 0):  # signed with the node's key: another run, or none
+                status = push(other)
+                assert status.code == AccessDeniedError.code and "master run" in status.message
+                assert gate.ended(loc.segment_id, generation)
             with connect(loc) as sock:
                 status_code, message = write(sock, loc, VALUE)
             assert status_code == AccessDeniedError.code and "write grant ended" in message
