@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -31,6 +31,38 @@ from mooncake_store.master.tiering import MoveTask, Tiering
 
 log = logging.getLogger("mooncake.master")
 
+_REPEAT_WARNING_S = 60.0
+
+
+class RepeatedWarnings:
+    """Say each node's repeated failure once, then at most every `every_s` with how many went
+    unsaid: a fence that a node refuses is sent again at every tick (4 a second), and so would
+    its warning be (a master that lost its place to another logs that for every node)."""
+
+    def __init__(
+        self, every_s: float = _REPEAT_WARNING_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # node id: (when said, unsaid since)
+
+    def warn(self, node_id: str, message: str, *args: object) -> bool:
+        """Log `message % args` for `node_id` unless said less than `every_s` ago."""
+        now = self._clock()
+        said = self._last.get(node_id)
+        if said is not None and now - said[0] < self.every_s:
+            self._last[node_id] = (said[0], said[1] + 1)
+            return False
+        unsaid = said[1] if said is not None else 0
+        suffix = f" ({unsaid} more since it was last logged)" if unsaid else ""
+        log.warning(message + suffix, *args)
+        self._last[node_id] = (now, 0)
+        return True
+
+    def clear(self, node_id: str) -> None:
+        """The failure is over: the next one is said at once."""
+        self._last.pop(node_id, None)
+
 
 class NodeMover:
     def __init__(
@@ -49,6 +81,7 @@ class NodeMover:
         # Named in every control request (set by the server: the servicer's run); nodes act
         # only for the run whose mount reply they took last (node/control.py `_other_run`).
         self.master_run = 0
+        self._fence_warnings = RepeatedWarnings()
 
     def _signed(self, node_id: str, method: str, request: Message) -> list[tuple[str, str]]:
         """The metadata that makes `request` a master-signed one for `node_id`."""
@@ -172,13 +205,18 @@ class NodeMover:
                 signed = self._signed(node_id, "FenceWrites", request)
                 status = await stub.FenceWrites(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
-                log.warning("write fence on node %s failed: %s", node_id, exc.code().name)
+                self._fence_warnings.warn(
+                    node_id, "write fence on node %s failed: %s", node_id, exc.code().name
+                )
                 self.table.fence_failed()
                 return
             if status.code != OK:  # not taken (this run's mount reply not applied there yet)
-                log.warning("node %s did not take a write fence: %s", node_id, status.message)
+                self._fence_warnings.warn(
+                    node_id, "node %s did not take a write fence: %s", node_id, status.message
+                )
                 self.table.fence_failed()
                 return
+            self._fence_warnings.clear(node_id)
             for seg, floor, open_ in mine:
                 self.table.fence_acked(seg, floor, open_)
 
