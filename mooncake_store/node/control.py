@@ -107,6 +107,18 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             f"{mine:x}: refused (only the master that mounted the node acts on it)"
         )
 
+    def _copy_refused(self, method: str, run: int, segment_id: int) -> pb.Status | None:
+        """Asked again right before a Fetch or Move writes into a DRAM segment: the request was
+        checked when it came (`_other_run`), but its copy may land seconds later (a slow
+        source, an NVMe read), by when another master run may have mounted the node and
+        handed that room to its own puts."""
+        problem = self._other_run(method, run)
+        if problem is None and not self.gate.takes_master_copies(segment_id):
+            problem = f"{method} into segment {segment_id:x}, which is being mounted again"
+        if problem is None:
+            return None
+        return pb.Status(code=AccessDeniedError.code, message=problem + "; nothing was written")
+
     async def Move(self, request: pb.MoveRequest, context: object) -> pb.MoveResponse:
         await self._check("Move", request, context)
         problem = self._other_run("Move", request.master_run)
@@ -114,13 +126,19 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             refused = pb.Status(code=AccessDeniedError.code, message=problem)
             return pb.MoveResponse(statuses=[refused] * len(request.tasks))
         loop = asyncio.get_running_loop()
-        statuses = await loop.run_in_executor(self.executor, self._move_all, list(request.tasks))
+        statuses = await loop.run_in_executor(
+            self.executor, self._move_all, list(request.tasks), request.master_run
+        )
         return pb.MoveResponse(statuses=statuses)
 
-    def _move_all(self, tasks: list[pb.MoveTask]) -> list[pb.Status]:
+    def _move_all(self, tasks: list[pb.MoveTask], run: int) -> list[pb.Status]:
         statuses: list[pb.Status] = []
         indexed: dict[int, list[tuple[int, BlockRecord]]] = {}
         for i, task in enumerate(tasks):
+            refused = self._copy_refused("Move", run, task.dst_segment)
+            if task.dst_segment in self.dram and refused is not None:
+                statuses.append(refused)
+                continue
             try:
                 block = self._move(task)
             except (ChecksumMismatchError, DataPathError) as exc:
@@ -219,14 +237,16 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             refused = pb.Status(code=AccessDeniedError.code, message=problem)
             return pb.FetchResponse(statuses=[refused] * len(request.tasks))
         loop = asyncio.get_running_loop()
-        statuses = await loop.run_in_executor(self.executor, self._fetch_all, list(request.tasks))
+        statuses = await loop.run_in_executor(
+            self.executor, self._fetch_all, list(request.tasks), request.master_run
+        )
         return pb.FetchResponse(statuses=statuses)
 
-    def _fetch_all(self, tasks: list[pb.FetchTask]) -> list[pb.Status]:
+    def _fetch_all(self, tasks: list[pb.FetchTask], run: int) -> list[pb.Status]:
         """Fetch each block, reusing one connection per source node."""
         conns: dict[str, socket.socket] = {}
         try:
-            return [self._fetch(t, conns) for t in tasks]
+            return [self._fetch(t, conns, run) for t in tasks]
         finally:
             for sock in conns.values():
                 sock.close()
@@ -238,7 +258,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             buf = self._local.staging = bytearray(size_bytes)
         return memoryview(buf)[:size_bytes]
 
-    def _fetch(self, task: pb.FetchTask, conns: dict[str, socket.socket]) -> pb.Status:
+    def _fetch(self, task: pb.FetchTask, conns: dict[str, socket.socket], run: int) -> pb.Status:
         """Read a block from another node's data path into a staging buffer, check it against
         the block's checksum, and only then copy it into this node's pool: a bad or broken
         source never writes a byte into the pool."""
@@ -278,6 +298,9 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             self.checksum_failures += 1
             problem = f"fetched copy of {task.key!r} failed its checksum; nothing was written"
             return pb.Status(code=ChecksumMismatchError.code, message=problem)
+        refused = self._copy_refused("Fetch", run, task.dst_segment)
+        if refused is not None:
+            return refused
         pool[task.dst_offset : task.dst_offset + task.size_bytes] = staged
         self.fetched += 1
         self.fetched_bytes += task.size_bytes

@@ -219,6 +219,16 @@ class WriteGate:
         pushed = self._pushed.get(segment_id)
         return pushed is not None and not pushed.admits(generation)
 
+    def takes_master_copies(self, segment_id: int) -> bool:
+        """False while the segment is being mounted again, or its mount reply is owed or gave
+        no fence it could take: the master that mounted the node may then be another (the
+        reply on its way or lost), so a copy the master asked for earlier (Fetch, a Move up
+        into DRAM) must not land in room that one may hand out (node/control.py)."""
+        with self._lock:
+            if segment_id in self._mounting:
+                return False
+            return self._mount.get(segment_id, CLOSED) is not CLOSED
+
     # ---- seals --------------------------------------------------------------------------
 
     def refusal(self, segment_id: int, generation: int, start: int, end: int) -> str | None:
