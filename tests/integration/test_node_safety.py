@@ -29,6 +29,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessClus
     root = tmp_path_factory.mktemp("safety")
     # --auth off: the Fetch test calls the node's control service as a buggy master would, and
     # with auth on only master-signed requests get there (tests/integration/test_security.py).
+    # It names the master's run, as every master's request does (node/control.py `_other_run`).
     args = [*FAST_MASTER, "--auth", "off"]
     with InProcessCluster(root, nodes=1, dram="16MiB", master_args=args) as cluster:
         yield cluster
@@ -80,7 +81,7 @@ def test_fetch_from_a_bad_source_writes_nothing_into_the_pool(one_node, truncate
                         src_offset=0, size_bytes=len(VALUE),
                         checksum=xxhash.xxh3_64_intdigest(b"other"),
                         dst_segment=loc.segment_id, dst_offset=loc.offset,
-                    )]),
+                    )], master_run=one_node.master.server._servicer.master_run),
                     timeout=10,
                 )  # fmt: skip
         finally:
