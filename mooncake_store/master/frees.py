@@ -112,9 +112,28 @@ class ExtentFrees(ReplicaRelocation):
                 self._free_extent(seg, r.offset, size_bytes)
 
     def take_released(self) -> dict[int, list[int]]:
-        """Persistent-tier extents freed since the last call, per segment (drained)."""
-        out, self._released = self._released, {}
+        """Persistent-tier extents freed since the last call and still free, per segment
+        (drained).  One allocated again since (a Move down) may hold another block on the
+        node by now, which a Release would make it forget: left out, its removed block is
+        overwritten there, never offered back.  A segment unmounted since is left out too: its
+        next mount's inventory is reconciled there (membership.py)."""
+        out: dict[int, list[int]] = {}
+        for segment_id, offsets in self._released.items():
+            seg = self.mounted_segment(segment_id)  # type: ignore[attr-defined]
+            if seg is None:
+                continue
+            free = [o for o in offsets if seg.allocator.is_free(o)]
+            if free:
+                out[segment_id] = free
+        self._released = {}
         return out
+
+    def release_again(self, segment_id: int, offsets: list[int]) -> None:
+        """A Release its node did not take (refused as another master run's while a mount reply
+        is on its way or lost, or not delivered): sent again with the next ones.  Dropped, a
+        removed key would come back with the node's next inventory (membership.py adopts what
+        a node holds)."""
+        self._released.setdefault(segment_id, []).extend(offsets)
 
     def room_after_fence(self) -> int:
         """Bytes that the nodes' next write fence frees in the segments offered to puts (the

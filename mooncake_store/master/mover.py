@@ -82,6 +82,7 @@ class NodeMover:
         # only for the run whose mount reply they took last (node/control.py `_other_run`).
         self.master_run = 0
         self._fence_warnings = RepeatedWarnings()
+        self._release_warnings = RepeatedWarnings()
 
     def _signed(self, node_id: str, method: str, request: Message) -> list[tuple[str, str]]:
         """The metadata that makes `request` a master-signed one for `node_id`."""
@@ -180,9 +181,17 @@ class NodeMover:
                     segment_id=segment_id, offsets=offsets, master_run=self.master_run
                 )
                 signed = self._signed(seg.node_id, "Release", request)  # type: ignore[union-attr]
-                await stub.Release(request, timeout=5.0, metadata=signed)
+                status = await stub.Release(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
-                log.warning("release on node %s failed: %s", seg.node_id, exc.code().name)  # type: ignore[union-attr]
+                problem = f"failed: {exc.code().name}"
+            else:
+                problem = "" if status.code == OK else f"was refused: {status.message}"
+            node_id = seg.node_id  # type: ignore[union-attr]
+            if problem:  # sent again at the next tick (what is still free here)
+                self._release_warnings.warn(node_id, "release on node %s %s", node_id, problem)
+                self.table.release_again(segment_id, offsets)
+            else:
+                self._release_warnings.clear(node_id)
 
     async def fence(self, fences: list[tuple[Segment, int, frozenset[int]]]) -> None:
         """Send each node the write fences of its segments; report each one taken."""

@@ -21,7 +21,8 @@ from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError
 from mooncake_store.common.wire import REQUEST, RESPONSE
-from tests.conftest import FAST_MASTER
+from tests.conftest import FAST_MASTER, replica_list, wait_until
+from tests.integration.test_tiers import fill_and_demote, tier_cluster
 
 SPAN = 4 * 1024 * 1024  # the fetch covers the start of the pool, where the next puts go
 JUNK = b"\xee" * SPAN
@@ -90,3 +91,45 @@ def test_a_fetch_of_an_earlier_run_still_in_flight_after_a_restart_writes_nothin
             assert status.code == AccessDeniedError.code and "master run" in status.message
             assert "nothing was written" in status.message
             assert store.get("acknowledged") == VALUE
+
+
+def test_a_release_the_node_refuses_as_another_runs_is_sent_again(tmp_path):
+    """A node refuses a Release of a run other than the one whose mount reply it took
+    last (its mount reply on its way, or lost).  The master sends it again at later ticks
+    (mover.release, frees.py `release_again`), so once the reply is in the node forgets the
+    removed block; dropped, the NVMe index kept it and the next mount's inventory made the
+    master adopt it again: a removed key came back (found by review of 7a4374e).  The window is
+    simulated by setting the link's master_run (what a lost mount reply leaves)."""
+    with tier_cluster(InProcessCluster, tmp_path) as cluster:
+        node = cluster.nodes[0].server
+        link = node._link
+        with Client(cluster.master_address) as store:
+            on_nvme = fill_and_demote(cluster, store, "r")
+            key = on_nvme[0]
+            offset = replica_list(cluster.master_address, key).replicas[0].offset
+            indexed = {b.offset for b in node.nvme.load_index()}
+            assert offset in indexed
+            run = link.master_run
+            link.master_run = run ^ 0x10  # the node still names the earlier run
+            mover = cluster.master.server.mover
+            releases: list[dict[int, list[int]]] = []
+            release = mover.release
+
+            async def spy(released):  # type: ignore[no-untyped-def]
+                releases.append(released)
+                await release(released)
+
+            mover.release = spy
+            assert store.remove(key)
+            wait_until(lambda: any(offset in o for r in releases for o in r.values()),
+                       timeout_s=20, what="the master's Release")  # fmt: skip
+            time.sleep(0.5)  # its reply (refused) is in
+            assert offset in {b.offset for b in node.nvme.load_index()}  # refused: kept
+            link.master_run = run  # the mount reply is in
+            wait_until(lambda: offset not in {b.offset for b in node.nvme.load_index()},
+                       timeout_s=10, what="the Release sent again")  # fmt: skip
+        cluster.master.stop()
+        cluster.start_master()  # the node mounts again with its NVMe inventory
+        cluster.wait_for_nodes(1)
+        with Client(cluster.master_address) as store:
+            assert not store.exists(key)

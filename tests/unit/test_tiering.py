@@ -87,6 +87,33 @@ def test_failed_or_stale_moves_give_the_destination_back():
     assert not tiering.complete(task, ok=True)
     assert table.segment(NVME).allocator.used_bytes == 0
     assert table.take_released() == {NVME: [0, 0]}  # the node forgets both extents
+
+
+def test_a_release_leaves_out_an_extent_allocated_again_since():
+    """A Release names only extents still free when it is sent: one a Move down took again
+    meanwhile holds another block on the node, which the node must not forget.  One sent
+    again after its node refused it (release_again) follows the same rule."""
+    table, tiering, _ = make()
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()
+    assert tiering.complete(task, ok=True) and tiers(table, "k0") == ["NVME"]
+    table.remove("k0")  # its NVMe extent at 0 is free again
+    commit(table, "k4")  # DRAM above the high watermark again
+    (again,) = tiering.plan()
+    assert again.dst_offset == 0 and not table.segment(NVME).allocator.is_free(0)
+    assert table.take_released() == {}  # offset 0 holds k1's copy now
+    assert tiering.complete(again, ok=True)
+    table.remove(again.key)
+    assert table.take_released() == {NVME: [0]}
+    table.release_again(NVME, [0])  # refused by the node: sent with the next ones
+    assert table.take_released() == {NVME: [0]}
+    table.release_again(NVME, [0])
+    commit(table, "k5")
+    (third,) = tiering.plan()
+    assert third.dst_offset == 0
+    assert table.take_released() == {}  # taken again before it was sent
+    table.validate()
     table.validate()
 
 
