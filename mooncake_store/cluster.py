@@ -246,13 +246,15 @@ class ClusterBase(Generic[M, N]):
 
     def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> None:
         """Poll the master until exactly `count` nodes are mounted and offered (a suspect
-        node, silent past its heartbeat TTL, does not count)."""
+        node, silent past its heartbeat TTL, does not count, nor one still "mounting": it
+        takes no puts until it took the master's first write fence)."""
         from mooncake_store.client.sync_client import Client
 
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         with Client(self.master_address, **self.client_options) as client:
             while True:
-                mounted = len({n.node_id for n in client.list_nodes() if n.state != "suspect"})
+                nodes = client.list_nodes()
+                mounted = len({n.node_id for n in nodes if n.state not in ("suspect", "mounting")})
                 if mounted == count:
                     return
                 if time.monotonic() > deadline:

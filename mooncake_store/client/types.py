@@ -136,7 +136,9 @@ class Retry:
 class NodeStatus:
     """One mounted segment of a node (`list_nodes`).  `state`: "valid" (offered to readers and
     writers), "suspect" (silent past its heartbeat TTL: not offered, its replicas kept; dropped
-    in `drop_in_s` seconds unless heard from) or "draining" (stopping: no new puts onto it)."""
+    in `drop_in_s` seconds unless heard from), "draining" (stopping: no new puts onto it) or
+    "mounting" (mounted a moment ago: readable, no puts until it took the master's first write
+    fence)."""
 
     node_id: str
     segment_id: int

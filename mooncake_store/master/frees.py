@@ -179,6 +179,7 @@ class ExtentFrees(ReplicaRelocation):
         """`seg`'s node took this fence: the frees it held can happen now."""
         if self._segments.get(seg.segment_id) is not seg:
             return  # mounted again meanwhile: the new mount gets its own fence
+        seg.first_fence_taken = True  # the node took this run's mount reply: puts may go there
         now = self._clock()
         for held in self.fences.acknowledged(seg, floor, open_):
             self._release_held(seg.segment_id, held, now)

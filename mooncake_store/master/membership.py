@@ -37,6 +37,7 @@ from mooncake_store.common.errors import IdentityConflictError
 from mooncake_store.master.allocator import ExtentAllocator
 from mooncake_store.master.columns import COMPLETE, PROCESSING, ObjectColumns
 from mooncake_store.master.eviction import EvictionPolicy
+from mooncake_store.master.fences import WriteFences
 from mooncake_store.master.liveness import Heartbeats
 from mooncake_store.master.objects import Replica
 from mooncake_store.master.segments import (
@@ -79,6 +80,8 @@ class Membership(ObjectColumns):
     _lease_keys: set[str]  # pending puts that are allocation leases (leases.py)
     _moves: dict[tuple[int, int, int], int]  # (segment, generation, offset) -> size
     draining: Collection[str]  # nodes being drained (drain.py)
+    fences: WriteFences
+    _fence_writes: bool
 
     if TYPE_CHECKING:
 
@@ -158,6 +161,9 @@ class Membership(ObjectColumns):
             if remount:
                 seg.writable_after = self._clock() + REMOUNT_HOLD_S
                 self._held_until = max(self._held_until, seg.writable_after)
+            if self._fence_writes and info.tier is Tier.DRAM:
+                seg.first_fence_taken = False  # see `awaiting_first_fence`
+                self.fences.dirty = True
             self._segments[info.segment_id] = seg
             self._offered[info.segment_id] = seg
             state.segment_ids.append(info.segment_id)
@@ -302,6 +308,21 @@ class Membership(ObjectColumns):
         is sat out too: half a second at most)."""
         return max(0.0, self._held_until - self._clock())
 
+    def awaiting_first_fence(self, nodes: Collection[str] = ()) -> bool:
+        """True while a DRAM segment offered to readers (of one of `nodes`, node ids or data
+        endpoints, when given) has not been granted to puts yet: its
+        node has not taken a write fence of this master run since the mount.  A node takes a
+        control request only of the run whose mount reply it took last (node/control.py), so
+        this proves the reply reached it.  Until then this run hands out no write grant there:
+        a run whose mount reply was lost must leave no grant behind, since the node, which
+        never saw it, cannot make a later run start its generations past that run's
+        (generations.py): a later run on a restored data directory would reuse them."""
+        return any(
+            not s.first_fence_taken
+            and (not nodes or s.node_id in nodes or s.info.node.endpoint in nodes)
+            for s in self._offered.values()
+        )
+
     def mounted_segment(self, segment_id: int) -> Segment | None:
         """The segment while it is mounted, offered or not (its node may be suspect)."""
         return self._segments.get(segment_id)
@@ -327,7 +348,8 @@ class Membership(ObjectColumns):
     def node_conditions(self) -> list[tuple[NodeState, NodeCondition, float]]:
         """Every mounted node, suspect ones too (what ListNodes shows an operator), with its
         condition and, for a suspect node, the seconds left until it is dropped (0.0 else).
-        A suspect node that drains is SUSPECT: that it is not offered matters more."""
+        A suspect node that drains is SUSPECT: that it is not offered matters more; a draining
+        one that is MOUNTING is DRAINING (it takes no puts either way)."""
         now = self._clock()
         dropped_at_s = self._heartbeat_ttl_s + self._suspect_grace_s  # of silence
         out: list[tuple[NodeState, NodeCondition, float]] = []
@@ -338,6 +360,11 @@ class Membership(ObjectColumns):
                 out.append((state, NodeCondition.SUSPECT, max(0.0, dropped_at_s - silent_s)))
             elif node_id in self.draining:
                 out.append((state, NodeCondition.DRAINING, 0.0))
+            elif any(
+                (seg := self._segments.get(i)) is not None and not seg.first_fence_taken
+                for i in state.segment_ids
+            ):
+                out.append((state, NodeCondition.MOUNTING, 0.0))
             else:
                 out.append((state, NodeCondition.VALID, 0.0))
         return out

@@ -132,12 +132,18 @@ class PutLifecycle(EvictionVictims):
             s for s in self._offered.values()
             if s.tier is Tier.DRAM and s.node_id not in self.draining
             and s.writable_after <= now  # not a node mounted again a moment ago
+            and s.first_fence_taken  # its node took this run's mount reply (membership.py)
         ]  # fmt: skip
         if not fast:
             if any(s.writable_after > now for s in self._offered.values()):
                 raise NoSpaceError(
                     "every store node was mounted again less than "
                     f"{REMOUNT_HOLD_S:g}s ago (the master or the node restarted): retry shortly"
+                )
+            if self.awaiting_first_fence():  # type: ignore[attr-defined]
+                raise NoSpaceError(
+                    "no store node has taken this master's first write fence since it mounted "
+                    "(its mount reply may not have reached it yet): retry shortly"
                 )
             raise NoSpaceError(
                 "no store node is mounted (or every one is draining to stop): "

@@ -42,6 +42,8 @@ from mooncake_store.master.tiering import Tiering
 log = logging.getLogger("mooncake.master")
 
 SERVICE_NAME = "mooncake_store.v1.MasterService"
+# After a mount, the first fence push waits this long: the mount reply gets there first.
+FIRST_FENCE_DELAY_S = 0.02
 
 
 # Python's full (generation 2) collection walks every tracked object: ~0.67 s per million
@@ -191,6 +193,7 @@ class MasterServer:
         self.mover.master_run = self._servicer.master_run  # nodes take fences of that run only
         self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
         self._servicer.fence_now = self._fence_now  # puts wait for released leases' room
+        self._servicer.fence_soon = self._fence_soon  # a node just mounted takes its first fence
         self._servicer.generation_floor = self.generations
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -357,6 +360,19 @@ class MasterServer:
             self._releases.add(task)
             task.add_done_callback(self._fenced)
             await asyncio.shield(task)
+
+    def _fence_soon(self) -> None:
+        """Push the write fences a moment from now, not at the next tick: a node just mounted
+        takes no put before it took one (membership.py `awaiting_first_fence`), and the moment
+        lets its mount reply, on its way now, get there first (refused, the tick sends it)."""
+
+        async def push() -> None:
+            await asyncio.sleep(FIRST_FENCE_DELAY_S)
+            await self._fence_now()
+
+        task = asyncio.get_running_loop().create_task(push())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     def _fenced(self, task: asyncio.Task[None]) -> None:
         self._releases.discard(task)

@@ -85,6 +85,8 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         #: that finds no free room while some is about to be freed (unused leases, extents
         #: of puts that ended uncommitted) waits for it before evicting (service_puts.py).
         self.fence_now: Callable[[], Awaitable[None]] | None = None
+        #: Pushes the write fences a moment from now (set by the server): a mount asks for it.
+        self.fence_soon: Callable[[], None] | None = None
         self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 

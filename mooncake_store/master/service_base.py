@@ -93,6 +93,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     recent_checks: RecentChecks  # keys whose replicas checked out lately
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
+    fence_soon: Callable[[], None] | None  # pushes them a moment from now (server.py)
     master_run: int  # this master process's run: random, new at every start (generations.py)
     generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then

@@ -161,6 +161,8 @@ class NodeMethods(ServicerBase):
             pb.WriteFence(segment_id=s, floor=f, open=sorted(o))
             for s, f, o in self.table.mount_fences(i.segment_id for i, _ in segments)
         ]
+        if self.fence_soon is not None and self.table.awaiting_first_fence([node.node_id]):
+            self.fence_soon()  # its first fence of this run opens it to puts
         key = self.control_keys.get(node.node_id)
         signature = ""
         if key is not None:  # signed as FenceWrites is: a node lowers its fence for no one else

@@ -74,12 +74,24 @@ class PutMethods(LeaseMethods):
         is some, a put takes free room only; one that finds none gives every lease back and,
         once the nodes took a fence (that room is free then), starts again the usual way
         (evicting, or NoSpaceError).  Puts that arrive while a node mounted again a moment ago
-        holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first."""
+        holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first; one that found
+        no room while a node mounted a moment ago has not taken this run's first write fence
+        (membership.py `awaiting_first_fence`), or that prefers such a node, has the fences
+        pushed now (and tries again)."""
         await self._sit_out_remount_hold()
+        preferred = {n for i in items for n in i.preferred_nodes}
+        if preferred and self.table.awaiting_first_fence(preferred):
+            await self._wait_for_fence()  # a node asked for mounted a moment ago: confirm it
         results = await self._put_starts_now(items, owner)
         held = [n for n, r in enumerate(results) if r.status.code == NoSpaceError.code]
-        if held and self.table.remount_hold_s() > 0:  # a node mounted again meanwhile
+        if not held:
+            return results
+        hold = self.table.remount_hold_s() > 0  # a node mounted again meanwhile
+        first_fence = self.table.awaiting_first_fence()  # one mounted a moment ago
+        if hold or first_fence:
             await self._sit_out_remount_hold()
+            if first_fence:  # the fence push proves its node took the mount reply
+                await self._wait_for_fence()
             for n in held:
                 results[n] = self._put_start(items[n], owner)
         return results

@@ -182,7 +182,7 @@ def test_sigstop_inside_the_grace_window_keeps_every_replica_outside_drops_them(
         assert row.state == "suspect" and 0 < row.drop_in_s <= 3.0, row
         assert node_states(store) == {"node-0": "valid", "node-1": "suspect", "node-2": "valid"}
         gauge = node_state_gauge(graced.master.metrics_url)  # type: ignore[union-attr]
-        assert gauge == {"valid": 2, "suspect": 1, "draining": 0}
+        assert gauge == {"valid": 2, "suspect": 1, "draining": 0, "mounting": 0}
         out = CliRunner().invoke(admin_nodes, ["--master", graced.master_address])
         assert out.exit_code == 0, out.output
         (line,) = [ln for ln in out.output.splitlines() if ln.startswith("node-1 ")]

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from mooncake_store import Client
-from mooncake_store.client.master_client import put_revoke_call
+from mooncake_store.client.types import PutSpec
 from mooncake_store.cluster_inprocess import InProcessCluster
-from mooncake_store.common.errors import OK, AccessDeniedError
+from mooncake_store.common.errors import AccessDeniedError, NoSpaceError
 from mooncake_store.master.generations import FLOOR_FILE
 from mooncake_store.node.metrics import node_registry
 from tests.conftest import FAST_MASTER, wait_until
@@ -152,7 +152,9 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
                     status, message = write(sock, stale, b"\xee" * len(VALUE))
                 assert status == AccessDeniedError.code, message
                 assert "write grant ended" in message
-                assert gate.generation_seen < master.table.next_generation
+                assert (
+                    gate.generation_seen <= master.table.next_generation
+                )  # its pushes, refused, seen
 
                 relay.restore()  # the node mounts again until a reply is in
                 wait_until(lambda: not link.fences_owed, what="a mount reply")
@@ -168,11 +170,15 @@ def test_a_node_whose_remount_reply_was_lost_refuses_writes_until_a_reply_is_in(
             relay.close()
 
 
-def test_a_run_whose_mount_reply_was_lost_is_seen_in_the_fences_it_pushed(tmp_path):
-    """The node refuses the pushes of a run whose mount reply it never took (node/control.py),
-    but they still tell it that run's generations: if that run's floor file is then lost, the
-    next run must start past them (master/generations.py), or the lost run's grants, issued for
-    this very segment, work again under the next run's mount fence."""
+def test_a_run_whose_mount_reply_was_lost_grants_no_write_there(tmp_path):
+    """A master run grants no write on a node before the node took a write fence of that run
+    (membership.py `awaiting_first_fence`), which the node does only once that run's mount
+    reply is in (node/control.py).  So a run whose reply was lost leaves no grant behind.
+    Found by review: such a run granted a put and pushed no fence; its floor file was then
+    lost, so the next run, told by the node only of what the run before saw, started its
+    generations where the lost run had, and the lost run's grant wrote under the next run's
+    fence over an acknowledged block.  The lost run's refused pushes still count as seen on
+    the node, so the next run starts past them (master/generations.py)."""
     args = [*FAST_MASTER, "--heartbeat-interval", "3s", "--heartbeat-ttl", "20s", "--auth", "off"]
     with InProcessCluster(tmp_path, nodes=0, dram="16MiB", master_args=args) as cluster:
         relay = ReplyDropper(cluster.master_address)
@@ -180,24 +186,28 @@ def test_a_run_whose_mount_reply_was_lost_is_seen_in_the_fences_it_pushed(tmp_pa
         try:
             node = cluster.add_node("--master", relay.address, "--mount-timeout", "4")
             link, control = node.server._link, node.server.control
+            gate = node.server.access.gate
             assert link is not None and control is not None
             relay.dropping = True
             before = floor_file.read_text()  # where the next run starts from
-            restart_losing_the_mount_reply(cluster, node)
+            lost = restart_losing_the_mount_reply(cluster, node)
+            pushed_from = lost.table.next_generation
+            refused = control.refused
             with Master(cluster.master_address) as calls:
-                stale = calls.put_start("granted-by-the-lost-run", len(VALUE))
-                calls.put_start("revoked", len(VALUE))
-                refused = control.refused
-                assert calls.run(put_revoke_call(["revoked"])) == [None]  # a fence is pushed
-                wait_until(lambda: control.refused > refused, what="a push of that run refused")
-                cluster.master.stop()  # and its floor file loses what it wrote
+                spec = PutSpec("granted-by-the-lost-run", len(VALUE))
+                [outcome] = calls.loop.run_until_complete(calls.client.put_start([spec]))
+            assert isinstance(outcome, NoSpaceError), outcome
+            assert "first write fence" in outcome.message
+            assert control.refused > refused  # the put had the fences pushed: refused there
+            assert gate.generation_seen >= pushed_from
+            cluster.master.stop()  # and its floor file loses what it wrote
             floor_file.write_text(before)
             relay.restore()
-            cluster.start_master()
+            master = cluster.start_master().server
             wait_until(lambda: not link.fences_owed, what="a mount reply")
-            with connect(stale) as sock:
-                status, message = write(sock, stale, b"\xee" * len(VALUE))
-            assert status != OK, "a grant of the lost run wrote under the next run's fence"
-            assert status == AccessDeniedError.code and "write grant ended" in message
+            assert master.table.next_generation > pushed_from
+            with Client(cluster.master_address) as store:
+                store.put("after", VALUE)
+                assert store.get("after") == VALUE
         finally:
             relay.close()

@@ -142,6 +142,7 @@ def test_a_closed_connection_revokes_only_its_own_unsealed_puts(table):
 def fenced(clock: Clock):
     t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
     mount(t, "node-a", 7)
+    ack_all(t)  # the node took the mount reply
     yield t
     t.validate()
 
@@ -151,6 +152,33 @@ def ack_all(table: ObjectTable) -> list:
     for seg, floor, open_ in fences:
         table.fence_acked(seg, floor, open_)
     return fences
+
+
+def test_no_put_goes_to_a_segment_before_its_node_took_this_runs_first_fence(clock):
+    """Only a node that took this run's mount reply takes its fences (node/control.py): until
+    one is acknowledged, a lost reply is possible and no write grant goes there."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
+    mount(t, "node-a", 7)
+    assert t.awaiting_first_fence() and t.awaiting_first_fence(["node-a"])
+    assert not t.awaiting_first_fence(["node-z"])
+    assert [c.value for _, c, _ in t.node_conditions()] == ["mounting"]  # what ListNodes says
+    with pytest.raises(NoSpaceError, match="first write fence"):
+        t.put_start("early", MiB, 1)
+    [(seg, floor, open_)] = t.take_fences()  # the mount asks for a push
+    mount(t, "node-b", 8)  # a second node: one taken fence does not stand for another
+    t.fence_acked(seg, floor, open_)
+    assert t.awaiting_first_fence()
+    assert t.put_start("a", MiB, 1).placements[0][0].segment_id == 7
+    t.put_revoke("a")
+    [stale] = [f for f in t.take_fences() if f[0].segment_id == 8]
+    mount(t, "node-b", 8, incarnation=2)  # mounted again: a push made before does not count
+    t.fence_acked(*stale)
+    assert t.awaiting_first_fence()
+    ack_all(t)
+    assert not t.awaiting_first_fence()
+    assert [c.value for _, c, _ in t.node_conditions()] == ["valid", "valid"]
+    assert t.put_start("b", MiB, 1).placements
+    t.validate()
 
 
 def test_a_revoked_puts_extent_waits_for_its_write_grants_to_be_fenced(fenced):

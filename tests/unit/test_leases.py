@@ -175,6 +175,8 @@ def test_a_put_without_free_room_can_refuse_to_evict_while_leases_hold_room(tabl
 def test_the_room_of_released_leases_comes_with_the_next_write_fence(clock):
     t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
     mount(t, "node-0", 100, 64 * MiB)
+    [(seg, floor, open_)] = t.take_fences()
+    t.fence_acked(seg, floor, open_)  # the node took the mount reply
     granted = grant_leases(t, MiB, 1, 2, owner=4)
     assert len(granted) == 2 and t.room_after_fence() == 0
     t.revoke_owner(4)  # their client closed: a write may still be on its way to the node
