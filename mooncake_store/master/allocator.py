@@ -104,14 +104,6 @@ class ExtentAllocator:
         self._count += 1
         self.used_bytes += need
 
-    def is_free(self, offset: int) -> bool:
-        """True when the byte at `offset` lies in free space (no extent covers it)."""
-        i = bisect_left(self._free_offsets, offset + 1) - 1
-        if i < 0:
-            return False
-        start = self._free_offsets[i]
-        return offset < start + self._free_len[start]
-
     def free(self, offset: int, size_bytes: int) -> int:
         """Release the extent at `offset` allocated for `size_bytes`; return its length.
 

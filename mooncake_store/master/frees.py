@@ -41,6 +41,7 @@ class ExtentFrees(ReplicaRelocation):
     # (free at, segment generation, segment, offset, size): frees that wait for a lease
     _deferred: list[tuple[float, int, int, int, int]]
     _released: dict[int, list[int]]  # persistent segment -> freed offsets
+    _releasing: dict[int, set[int]]  # of those, sent and not acknowledged yet
 
     if TYPE_CHECKING:  # provided by PutLifecycle (puts.py)
 
@@ -112,28 +113,55 @@ class ExtentFrees(ReplicaRelocation):
                 self._free_extent(seg, r.offset, size_bytes)
 
     def take_released(self) -> dict[int, list[int]]:
-        """Persistent-tier extents freed since the last call and still free, per segment
-        (drained).  One allocated again since (a Move down) may hold another block on the
-        node by now, which a Release would make it forget: left out, its removed block is
-        overwritten there, never offered back.  A segment unmounted since is left out too: its
-        next mount's inventory is reconciled there (membership.py)."""
+        """Persistent-tier extents freed since the last call, per segment (drained): send
+        each to its node, then `release_done` or `release_again`.  A segment unmounted since
+        is left out: its next mount's inventory is reconciled (`pending_releases`)."""
         out: dict[int, list[int]] = {}
         for segment_id, offsets in self._released.items():
-            seg = self.mounted_segment(segment_id)  # type: ignore[attr-defined]
-            if seg is None:
+            if not offsets or self.mounted_segment(segment_id) is None:  # type: ignore[attr-defined]
                 continue
-            free = [o for o in offsets if seg.allocator.is_free(o)]
-            if free:
-                out[segment_id] = free
+            out[segment_id] = list(dict.fromkeys(offsets))
+            self._releasing.setdefault(segment_id, set()).update(offsets)
         self._released = {}
         return out
 
+    def release_done(self, segment_id: int, offsets: list[int]) -> None:
+        """The node forgot these extents."""
+        sending = self._releasing.get(segment_id)
+        if sending is not None:
+            sending.difference_update(offsets)
+            if not sending:
+                del self._releasing[segment_id]
+
     def release_again(self, segment_id: int, offsets: list[int]) -> None:
         """A Release its node did not take (refused as another master run's while a mount reply
-        is on its way or lost, or not delivered): sent again with the next ones.  Dropped, a
-        removed key would come back with the node's next inventory (membership.py adopts what
-        a node holds)."""
-        self._released.setdefault(segment_id, []).extend(offsets)
+        is on its way or lost, or not delivered): sent again with the next ones, unless a Move
+        down took the offset since (`claim_release`).  Dropped, a removed key would come back
+        with the node's next inventory (membership.py adopts what a node holds)."""
+        sending = self._releasing.get(segment_id, set())
+        again = [o for o in offsets if o in sending]
+        self.release_done(segment_id, again)
+        if again:
+            self._released.setdefault(segment_id, []).extend(again)
+
+    def claim_release(self, segment_id: int, offset: int) -> None:
+        """An extent starting at `offset` was allocated again: a new block goes there, which
+        the node indexes by that offset, so a Release of the old one must not follow (the new
+        extent's own free sends one).  A Release of an offset that a new extent only covers
+        still goes: no block of the node starts there but the removed one."""
+        queued = self._released.get(segment_id)
+        if queued and offset in queued:
+            self._released[segment_id] = [o for o in queued if o != offset]
+        sending = self._releasing.get(segment_id)
+        if sending is not None:
+            sending.discard(offset)
+
+    def pending_releases(self, segment_id: int) -> set[int]:
+        """The offsets of `segment_id` freed and not yet forgotten by its node (drained): the
+        segment is being mounted again, and its node's inventory may still list them."""
+        out = set(self._released.pop(segment_id, ()))
+        out |= self._releasing.pop(segment_id, set())
+        return out
 
     def room_after_fence(self) -> int:
         """Bytes that the nodes' next write fence frees in the segments offered to puts (the
@@ -153,6 +181,21 @@ class ExtentFrees(ReplicaRelocation):
             for seg in self._segments.values()  # suspect nodes too: they may be writable
             if seg.tier is Tier.DRAM
         ]
+
+    def first_fences(self, node_ids: Iterable[str]) -> list[tuple[Segment, int, frozenset[int]]]:
+        """The write fence of each segment of `node_ids` awaiting its first one of this run
+        (membership.py `awaiting_first_fence`), as `take_fences` makes them, for a push of its
+        own: the node may take puts as soon as it is acknowledged."""
+        wanted = set(node_ids)
+        segs = [
+            seg for segment_id in self._awaiting  # type: ignore[attr-defined]
+            if (seg := self._segments.get(segment_id)) is not None and seg.node_id in wanted
+        ]  # fmt: skip
+        if not segs:
+            return []
+        open_ = self._open_generations()
+        floor = self._next_generation
+        return [(seg, floor, frozenset(open_.get(seg.segment_id, ()))) for seg in segs]
 
     def mount_fences(self, segment_ids: Iterable[int]) -> list[tuple[int, int, frozenset[int]]]:
         """(segment id, floor, open generations): the fence a mount reply gives each mounted
@@ -179,7 +222,8 @@ class ExtentFrees(ReplicaRelocation):
         """`seg`'s node took this fence: the frees it held can happen now."""
         if self._segments.get(seg.segment_id) is not seg:
             return  # mounted again meanwhile: the new mount gets its own fence
-        seg.first_fence_taken = True  # the node took this run's mount reply: puts may go there
+        if not seg.first_fence_taken:  # the node took this run's mount reply: puts may go there
+            self.first_fence_taken(seg)  # type: ignore[attr-defined]
         now = self._clock()
         for held in self.fences.acknowledged(seg, floor, open_):
             self._release_held(seg.segment_id, held, now)

@@ -89,6 +89,7 @@ class Membership(ObjectColumns):
         def _note_release(self, seg: Segment, offset: int) -> None: ...
         def _forget_replica(self, slot: int, replica: Replica) -> None: ...
         def _intern_fingerprint(self, fingerprint: bytes) -> bytes: ...
+        def pending_releases(self, segment_id: int) -> set[int]: ...
 
     def __init__(
         self,
@@ -112,6 +113,7 @@ class Membership(ObjectColumns):
         self._segments: dict[int, Segment] = {}  # every mounted segment
         self._offered: dict[int, Segment] = {}  # those of nodes not suspect: readers, writers
         self._held_until = 0.0  # the latest `Segment.writable_after` set (remount_hold_s)
+        self._awaiting: set[int] = set()  # segments whose node took no fence of this run yet
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._mounts = 0  # segment generations handed out (Segment.generation)
 
@@ -163,6 +165,7 @@ class Membership(ObjectColumns):
                 self._held_until = max(self._held_until, seg.writable_after)
             if self._fence_writes and info.tier is Tier.DRAM:
                 seg.first_fence_taken = False  # see `awaiting_first_fence`
+                self._awaiting.add(info.segment_id)
                 self.fences.dirty = True
             self._segments[info.segment_id] = seg
             self._offered[info.segment_id] = seg
@@ -171,16 +174,25 @@ class Membership(ObjectColumns):
             if info.segment_id in self._orphans:  # its replicas came back from RocksDB
                 self._orphans.discard(info.segment_id)
                 restored = self._slots_in(info.segment_id)
-            self._adopt(seg, restored, inventory)
+            self._adopt(seg, restored, inventory, self.pending_releases(info.segment_id))
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now
 
     def _adopt(
-        self, seg: Segment, restored: list[int], inventory: Sequence[BlockRecord] | None
+        self,
+        seg: Segment,
+        restored: list[int],
+        inventory: Sequence[BlockRecord] | None,
+        released: set[int],
     ) -> None:
         """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
-        its inventory vouches for, and adopt the blocks it reports that nobody knew."""
+        its inventory vouches for, and adopt the blocks it reports that nobody knew, but for
+        those at `released` offsets: freed here, their Release not yet taken by the node (a
+        removed key must not come back); they are released again."""
         reported = {item.offset: item for item in inventory or ()}
+        for offset in released & reported.keys():
+            del reported[offset]
+            self._note_release(seg, offset)
         for slot in restored:
             key = self._key[slot]
             assert key is not None
@@ -317,11 +329,26 @@ class Membership(ObjectColumns):
         a run whose mount reply was lost must leave no grant behind, since the node, which
         never saw it, cannot make a later run start its generations past that run's
         (generations.py): a later run on a restored data directory would reuse them."""
-        return any(
-            not s.first_fence_taken
-            and (not nodes or s.node_id in nodes or s.info.node.endpoint in nodes)
-            for s in self._offered.values()
-        )
+        return bool(self.awaiting_nodes(nodes))
+
+    def awaiting_nodes(self, nodes: Collection[str] = ()) -> set[str]:
+        """The ids of the nodes offered to readers (among `nodes`, when given) with a segment
+        `awaiting_first_fence` (O(1) when there is none: asked on every put)."""
+        if not self._awaiting:
+            return set()
+        out = set()
+        for segment_id in self._awaiting:
+            seg = self._offered.get(segment_id)
+            if seg is not None and (
+                not nodes or seg.node_id in nodes or seg.info.node.endpoint in nodes
+            ):
+                out.add(seg.node_id)
+        return out
+
+    def first_fence_taken(self, seg: Segment) -> None:
+        """`seg`'s node took a fence of this master run since it mounted: puts may go there."""
+        seg.first_fence_taken = True
+        self._awaiting.discard(seg.segment_id)
 
     def mounted_segment(self, segment_id: int) -> Segment | None:
         """The segment while it is mounted, offered or not (its node may be suspect)."""
@@ -419,6 +446,7 @@ class Membership(ObjectColumns):
     def _drop_segment(self, segment_id: int, result: TickResult) -> None:
         seg = self._segments.pop(segment_id, None)
         self._offered.pop(segment_id, None)
+        self._awaiting.discard(segment_id)
         for move in [m for m in self._moves if m[0] == segment_id]:
             del self._moves[move]  # copies into it are moot: finish_* find it gone
         if seg is not None:

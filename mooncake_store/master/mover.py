@@ -174,7 +174,9 @@ class NodeMover:
         for segment_id, offsets in released.items():
             seg = self.table.mounted_segment(segment_id)  # a suspect node is told too
             stub = self._stub(seg.node_id) if seg is not None else None
-            if stub is None:
+            if stub is None:  # unmounted: its next mount reconciles (frees.py pending_releases)
+                if seg is not None:
+                    self.table.release_again(segment_id, offsets)
                 continue
             try:
                 request = pb.ReleaseRequest(
@@ -187,13 +189,16 @@ class NodeMover:
             else:
                 problem = "" if status.code == OK else f"was refused: {status.message}"
             node_id = seg.node_id  # type: ignore[union-attr]
-            if problem:  # sent again at the next tick (what is still free here)
+            if problem:  # sent again at the next tick (unless allocated again meanwhile)
                 self._release_warnings.warn(node_id, "release on node %s %s", node_id, problem)
                 self.table.release_again(segment_id, offsets)
             else:
                 self._release_warnings.clear(node_id)
+                self.table.release_done(segment_id, offsets)
 
-    async def fence(self, fences: list[tuple[Segment, int, frozenset[int]]]) -> None:
+    async def fence(
+        self, fences: list[tuple[Segment, int, frozenset[int]]], timeout_s: float = 5.0
+    ) -> None:
         """Send each node the write fences of its segments; report each one taken."""
         by_node: dict[str, list[tuple[Segment, int, frozenset[int]]]] = defaultdict(list)
         for fence in fences:
@@ -212,7 +217,7 @@ class NodeMover:
             )
             try:
                 signed = self._signed(node_id, "FenceWrites", request)
-                status = await stub.FenceWrites(request, timeout=5.0, metadata=signed)
+                status = await stub.FenceWrites(request, timeout=timeout_s, metadata=signed)
             except grpc.aio.AioRpcError as exc:
                 self._fence_warnings.warn(
                     node_id, "write fence on node %s failed: %s", node_id, exc.code().name

@@ -127,6 +127,7 @@ class ObjectTable(ObjectReads):
         self._deferred: list[tuple[float, int, int, int, int]] = []
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
+        self._releasing: dict[int, set[int]] = {}  # of those, sent and not acknowledged yet
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: Candidates = Candidates()  # lost a replica: repair candidates

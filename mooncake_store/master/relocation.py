@@ -62,6 +62,8 @@ class ReplicaRelocation(Membership):
         offset = dst.allocator.allocate(self._size[slot]) if source is not None else None
         if source is None or offset is None:
             return None
+        if dst.persistent:
+            self.claim_release(dst.segment_id, offset)  # type: ignore[attr-defined]
         self._cold_set(slot, "moving", True)
         self._moves[dst.segment_id, dst.generation, offset] = self._size[slot]
         return source, offset

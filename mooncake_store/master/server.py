@@ -8,7 +8,8 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Coroutine
+from asyncio import Task
+from collections.abc import Collection, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ from mooncake_store.master.tiering import Tiering
 log = logging.getLogger("mooncake.master")
 
 SERVICE_NAME = "mooncake_store.v1.MasterService"
-# After a mount, the first fence push waits this long: the mount reply gets there first.
+# A node's first fence of this run (membership.py `awaiting_first_fence`) goes out this long
+# after its mount, so that the mount reply gets there first, and is given up after
+# FIRST_FENCE_TIMEOUT_S (the tick's pushes go on trying).
 FIRST_FENCE_DELAY_S = 0.02
+FIRST_FENCE_TIMEOUT_S = 1.0
 
 
 # Python's full (generation 2) collection walks every tracked object: ~0.67 s per million
@@ -127,6 +131,7 @@ class MasterServer:
         self.table.draining = self.replication.avoid = self.drains.draining
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
+        self._first_fencing: dict[str, Task[None]] = {}  # node id -> its first fence's push
         self._fencing: asyncio.Task[None] | None = None  # the write-fence push in flight
         self._servicer: MasterServicer | None = None
         self._moving: dict[str, asyncio.Task[None]] = {}
@@ -194,6 +199,7 @@ class MasterServer:
         self._servicer.verify_extents = self.mover.verify  # corrupt reports are checked
         self._servicer.fence_now = self._fence_now  # puts wait for released leases' room
         self._servicer.fence_soon = self._fence_soon  # a node just mounted takes its first fence
+        self._servicer.first_fences = self._await_first_fences  # puts wait for it (ms)
         self._servicer.generation_floor = self.generations
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -361,18 +367,50 @@ class MasterServer:
             task.add_done_callback(self._fenced)
             await asyncio.shield(task)
 
-    def _fence_soon(self) -> None:
-        """Push the write fences a moment from now, not at the next tick: a node just mounted
-        takes no put before it took one (membership.py `awaiting_first_fence`), and the moment
-        lets its mount reply, on its way now, get there first (refused, the tick sends it)."""
+    def _fence_soon(self, node_id: str) -> None:
+        """Push `node_id` its first fence of this run a moment from now (a mount asks)."""
+        self._first_fences([node_id], FIRST_FENCE_DELAY_S)
 
-        async def push() -> None:
-            await asyncio.sleep(FIRST_FENCE_DELAY_S)
-            await self._fence_now()
+    def _first_fences(self, node_ids: Iterable[str], delay_s: float = 0.0) -> list[Task[None]]:
+        """Push each of `node_ids` that awaits one its first fence of this run, on its own:
+        not behind the push in flight, which one stalled node holds for seconds, and with a
+        short deadline.  One in flight per node; returns those in flight for `node_ids`.
+        Two pushes in flight to one node are safe: it keeps the later (node/write_gate.py)."""
+        tasks = []
+        for node_id in node_ids:
+            task = self._first_fencing.get(node_id)
+            if task is None:
+                task = asyncio.get_running_loop().create_task(
+                    self._push_first_fence(node_id, delay_s)
+                )
+                self._first_fencing[node_id] = task
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
+                task.add_done_callback(self._first_fenced)
+            tasks.append(task)
+        return tasks
 
-        task = asyncio.get_running_loop().create_task(push())
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
+    def _first_fenced(self, task: Task[None]) -> None:
+        for node_id, mine in list(self._first_fencing.items()):
+            if mine is task:
+                del self._first_fencing[node_id]
+
+    async def _push_first_fence(self, node_id: str, delay_s: float) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        fences = self.table.first_fences([node_id])
+        if fences:
+            await self.mover.fence(fences, timeout_s=FIRST_FENCE_TIMEOUT_S)
+
+    async def _await_first_fences(self, node_ids: Collection[str], push: bool) -> None:
+        """Wait (FIRST_FENCE_TIMEOUT_S at most) for the first fences in flight to `node_ids`;
+        `push`: push one to each that has none in flight first."""
+        if push:
+            tasks = self._first_fences(node_ids)
+        else:
+            tasks = [t for n in node_ids if (t := self._first_fencing.get(n)) is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=FIRST_FENCE_TIMEOUT_S + FIRST_FENCE_DELAY_S)
 
     def _fenced(self, task: asyncio.Task[None]) -> None:
         self._releases.discard(task)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
@@ -85,8 +85,10 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         #: that finds no free room while some is about to be freed (unused leases, extents
         #: of puts that ended uncommitted) waits for it before evicting (service_puts.py).
         self.fence_now: Callable[[], Awaitable[None]] | None = None
-        #: Pushes the write fences a moment from now (set by the server): a mount asks for it.
-        self.fence_soon: Callable[[], None] | None = None
+        #: Pushes a node its first fence of this run a moment from now (set by the server): a
+        #: mount asks for it.  `first_fences(nodes, push)` waits for those in flight (server.py).
+        self.fence_soon: Callable[[str], None] | None = None
+        self.first_fences: Callable[[Collection[str], bool], Awaitable[None]] | None = None
         self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
 

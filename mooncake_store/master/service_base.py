@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
@@ -93,7 +93,8 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     recent_checks: RecentChecks  # keys whose replicas checked out lately
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
-    fence_soon: Callable[[], None] | None  # pushes them a moment from now (server.py)
+    fence_soon: Callable[[str], None] | None  # a node's first fence, soon (server.py)
+    first_fences: Callable[[Collection[str], bool], Awaitable[None]] | None  # waits for them
     master_run: int  # this master process's run: random, new at every start (generations.py)
     generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then

@@ -162,7 +162,7 @@ class NodeMethods(ServicerBase):
             for s, f, o in self.table.mount_fences(i.segment_id for i, _ in segments)
         ]
         if self.fence_soon is not None and self.table.awaiting_first_fence([node.node_id]):
-            self.fence_soon()  # its first fence of this run opens it to puts
+            self.fence_soon(node.node_id)  # its first fence of this run opens it to puts
         key = self.control_keys.get(node.node_id)
         signature = ""
         if key is not None:  # signed as FenceWrites is: a node lowers its fence for no one else

@@ -76,22 +76,23 @@ class PutMethods(LeaseMethods):
         (evicting, or NoSpaceError).  Puts that arrive while a node mounted again a moment ago
         holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first; one that found
         no room while a node mounted a moment ago has not taken this run's first write fence
-        (membership.py `awaiting_first_fence`), or that prefers such a node, has the fences
-        pushed now (and tries again)."""
+        (membership.py `awaiting_first_fence`) yet waits for that push (server.py
+        `_first_fences`: sent a moment after the mount, on its own), and has it pushed again
+        when it found no room (and tries again)."""
         await self._sit_out_remount_hold()
-        preferred = {n for i in items for n in i.preferred_nodes}
-        if preferred and self.table.awaiting_first_fence(preferred):
-            await self._wait_for_fence()  # a node asked for mounted a moment ago: confirm it
+        awaiting = self.table.awaiting_nodes()  # mounted a moment ago: their first fence is
+        if awaiting and self.first_fences is not None:  # on its way (ms), wait for it
+            await self.first_fences(awaiting, False)
         results = await self._put_starts_now(items, owner)
         held = [n for n, r in enumerate(results) if r.status.code == NoSpaceError.code]
         if not held:
             return results
         hold = self.table.remount_hold_s() > 0  # a node mounted again meanwhile
-        first_fence = self.table.awaiting_first_fence()  # one mounted a moment ago
-        if hold or first_fence:
+        awaiting = self.table.awaiting_nodes()  # its first fence not taken (yet)
+        if hold or awaiting:
             await self._sit_out_remount_hold()
-            if first_fence:  # the fence push proves its node took the mount reply
-                await self._wait_for_fence()
+            if awaiting and self.first_fences is not None:
+                await self.first_fences(awaiting, True)  # push it again now
             for n in held:
                 results[n] = self._put_start(items[n], owner)
         return results

@@ -165,8 +165,19 @@ class WriteGate:
             self._changed(segment_id)
 
     def fenced(self, segment_id: int, fence: WriteFence, now_ms: int) -> None:
-        """A fence the master pushed (FenceWrites): replaces the previous pushed one."""
+        """A fence the master pushed (FenceWrites): replaces the previous pushed one, unless
+        that one is later.  Floors only grow (see `mounted`), and between two pushes of one
+        floor no put started, so the later one's open generations are a subset of the earlier
+        one's: a push with a lower floor came late (the master may have two in flight: a
+        node's first fence goes out on its own) and ends nothing the later one did not, and
+        of two with one floor the generations open in both are the later one's."""
         with self._lock:
+            pushed = self._pushed.get(segment_id)
+            if pushed is not None and fence.floor <= pushed.floor:
+                if fence.floor < pushed.floor:
+                    fence = pushed
+                else:
+                    fence = WriteFence(fence.floor, fence.open & pushed.open)
             self._pushed[segment_id] = fence
             self._saw(fence)
             self._changed(segment_id)

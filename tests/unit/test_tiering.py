@@ -86,13 +86,14 @@ def test_failed_or_stale_moves_give_the_destination_back():
     table.remove(task.key)  # removed while being copied
     assert not tiering.complete(task, ok=True)
     assert table.segment(NVME).allocator.used_bytes == 0
-    assert table.take_released() == {NVME: [0, 0]}  # the node forgets both extents
+    assert table.take_released() == {NVME: [0]}  # the node forgets both extents (one offset)
 
 
 def test_a_release_leaves_out_an_extent_allocated_again_since():
-    """A Release names only extents still free when it is sent: one a Move down took again
-    meanwhile holds another block on the node, which the node must not forget.  One sent
-    again after its node refused it (release_again) follows the same rule."""
+    """A Release never names an offset where a Move down started a new extent since the free:
+    the node indexes that new block by the same offset and must not forget it (the new
+    extent's own free sends one).  One refused by the node (release_again) follows the same
+    rule while it waits to be sent again, and while it is in flight."""
     table, tiering, _ = make()
     for i in range(4):
         commit(table, f"k{i}")
@@ -101,19 +102,56 @@ def test_a_release_leaves_out_an_extent_allocated_again_since():
     table.remove("k0")  # its NVMe extent at 0 is free again
     commit(table, "k4")  # DRAM above the high watermark again
     (again,) = tiering.plan()
-    assert again.dst_offset == 0 and not table.segment(NVME).allocator.is_free(0)
-    assert table.take_released() == {}  # offset 0 holds k1's copy now
+    assert again.dst_offset == 0
+    assert table.take_released() == {}  # offset 0 is k1's copy's now
     assert tiering.complete(again, ok=True)
     table.remove(again.key)
     assert table.take_released() == {NVME: [0]}
     table.release_again(NVME, [0])  # refused by the node: sent with the next ones
     assert table.take_released() == {NVME: [0]}
-    table.release_again(NVME, [0])
     commit(table, "k5")
-    (third,) = tiering.plan()
+    (third,) = tiering.plan()  # takes offset 0 while that Release is in flight
     assert third.dst_offset == 0
-    assert table.take_released() == {}  # taken again before it was sent
+    table.release_again(NVME, [0])  # ... and refused
+    assert table.take_released() == {}
     table.validate()
+
+
+def _three_removed_blocks_and_a_failed_move(table, tiering):
+    """x0 and x1 (NVMe, at 0 and 1 MiB) removed; a 2 MiB Move down takes [0, 2 MiB), covering
+    x1's offset, and fails: what the node is sent (found by review of 0c657f9)."""
+    table.remove("x0")
+    sent = [table.take_released()]
+    table.remove("x1")  # free NVMe: [0, 2 MiB) and [3 MiB, 8 MiB)
+    commit(table, "big", size=2 * MiB)
+    commit(table, "a")
+    commit(table, "b")  # DRAM full: the next plan demotes "big"
+    (task,) = tiering.plan()
+    assert task.key == "big" and task.dst_offset == 0  # best fit: covers 1 MiB
+    sent.append(table.take_released())
+    assert not tiering.complete(task, ok=False)  # the Move did not happen
+    sent.append(table.take_released())
+    return {o for r in sent for o in r.get(NVME, [])}
+
+
+def test_a_release_is_sent_for_an_offset_a_new_extent_only_covers():
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, tiering, _ = make(inventory=held)
+    named = _three_removed_blocks_and_a_failed_move(table, tiering)
+    assert named == {0, MiB}  # no block of the node starts at 1 MiB but x1: it goes
+    table.validate()
+
+
+def test_a_node_mounted_again_before_its_release_went_does_not_bring_the_key_back():
+    """Removed, and its node restarts before the Release reached it: the inventory still
+    lists the block, and the master releases it again instead of adopting it."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, _ = make(inventory=held)
+    table.remove("x1")
+    assert table.take_released() == {NVME: [MiB]}  # sent; the node goes away before it lands
+    make(inventory=held, incarnation=2, table=table)  # its index: x0, x1, x2
+    assert table.exists("x0") and table.exists("x2") and not table.exists("x1")
+    assert table.take_released() == {NVME: [MiB]}  # told again
     table.validate()
 
 

@@ -161,6 +161,23 @@ def test_a_mount_reply_that_arrives_after_a_later_push_keeps_the_push():
     assert gate.refusal(SEG, 130, 0, 1) == ENDED and gate.refusal(SEG, 5000, 0, 1) is None
 
 
+def test_a_push_that_comes_after_a_later_one_reopens_nothing():
+    """The master may have two pushes in flight to one node (a node's first fence goes out on
+    its own): whichever arrives last, a generation the later push ended stays ended."""
+    gate = WriteGate()
+    gate.mounted(SEG, WriteFence(100, frozenset()))
+    gate.fenced(SEG, WriteFence(130, frozenset({110})), now_ms=0)  # the later push: ends 120
+    gate.fenced(SEG, WriteFence(125, frozenset({110, 120})), now_ms=0)  # the earlier one
+    assert gate.refusal(SEG, 120, 0, 1) == ENDED and gate.refusal(SEG, 110, 0, 1) is None
+    # One floor, two pushes: no put started between them, and the later one's open set is
+    # the smaller; in either order only what both leave open stays open.
+    gate.fenced(SEG, WriteFence(140, frozenset({110, 135})), now_ms=0)
+    gate.fenced(SEG, WriteFence(140, frozenset({135})), now_ms=0)
+    gate.fenced(SEG, WriteFence(140, frozenset({110, 135})), now_ms=0)
+    assert gate.refusal(SEG, 110, 0, 1) == ENDED and gate.refusal(SEG, 135, 0, 1) is None
+    assert gate.generation_seen == 140
+
+
 def test_a_remount_the_node_serves_through_refuses_writes_until_its_reply_is_in():
     """Found by review (issue 14): during a mount the heartbeat port started (the node keeps
     serving), the gate admitted writes by its old fences.  A master to which the mount is new
