@@ -114,15 +114,20 @@ class ExtentFrees(ReplicaRelocation):
 
     def take_released(self) -> dict[int, list[int]]:
         """Persistent-tier extents freed since the last call, per segment (drained): send
-        each to its node, then `release_done` or `release_again`.  A segment unmounted since
-        is left out: its next mount's inventory is reconciled (`pending_releases`)."""
+        each to its node, then `release_done` or `release_again`.  Those of a segment not
+        mounted now are kept for its next mount, whose inventory still lists them
+        (`pending_releases`)."""
         out: dict[int, list[int]] = {}
+        kept: dict[int, list[int]] = {}
         for segment_id, offsets in self._released.items():
-            if not offsets or self.mounted_segment(segment_id) is None:  # type: ignore[attr-defined]
+            if not offsets:
+                continue
+            if self.mounted_segment(segment_id) is None:  # type: ignore[attr-defined]
+                kept[segment_id] = offsets  # for its next mount (`pending_releases`)
                 continue
             out[segment_id] = list(dict.fromkeys(offsets))
             self._releasing.setdefault(segment_id, set()).update(offsets)
-        self._released = {}
+        self._released = kept
         return out
 
     def release_done(self, segment_id: int, offsets: list[int]) -> None:
@@ -157,10 +162,16 @@ class ExtentFrees(ReplicaRelocation):
             sending.discard(offset)
 
     def pending_releases(self, segment_id: int) -> set[int]:
-        """The offsets of `segment_id` freed and not yet forgotten by its node (drained): the
-        segment is being mounted again, and its node's inventory may still list them."""
+        """The offsets of `segment_id` freed, or to be freed once a read lease ends, and not
+        yet forgotten by its node (drained): the segment is being mounted again, and its
+        node's inventory may still list them.  The deferred frees are an earlier mount's,
+        which would be skipped as stale."""
         out = set(self._released.pop(segment_id, ()))
         out |= self._releasing.pop(segment_id, set())
+        if any(d[2] == segment_id for d in self._deferred):
+            out.update(d[3] for d in self._deferred if d[2] == segment_id)
+            self._deferred = [d for d in self._deferred if d[2] != segment_id]
+            heapq.heapify(self._deferred)
         return out
 
     def room_after_fence(self) -> int:

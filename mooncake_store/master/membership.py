@@ -174,7 +174,8 @@ class Membership(ObjectColumns):
             if info.segment_id in self._orphans:  # its replicas came back from RocksDB
                 self._orphans.discard(info.segment_id)
                 restored = self._slots_in(info.segment_id)
-            self._adopt(seg, restored, inventory, self.pending_releases(info.segment_id))
+            released = self.pending_releases(info.segment_id) if seg.persistent else set()
+            self._adopt(seg, restored, inventory, released)
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now
 

@@ -48,6 +48,7 @@ SERVICE_NAME = "mooncake_store.v1.MasterService"
 # FIRST_FENCE_TIMEOUT_S (the tick's pushes go on trying).
 FIRST_FENCE_DELAY_S = 0.02
 FIRST_FENCE_TIMEOUT_S = 1.0
+FIRST_FENCE_RETRY_S = 0.25  # a node that did not take it is pushed again after this (ticks)
 
 
 # Python's full (generation 2) collection walks every tracked object: ~0.67 s per million
@@ -132,6 +133,7 @@ class MasterServer:
         self._copying: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
         self._first_fencing: dict[str, Task[None]] = {}  # node id -> its first fence's push
+        self._first_fence_after: dict[str, float] = {}  # node id -> no new push before (mono)
         self._fencing: asyncio.Task[None] | None = None  # the write-fence push in flight
         self._servicer: MasterServicer | None = None
         self._moving: dict[str, asyncio.Task[None]] = {}
@@ -345,6 +347,11 @@ class MasterServer:
             task = asyncio.get_running_loop().create_task(self.mover.release(released))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
+        awaiting = self.table.awaiting_nodes()  # mounted, their first fence not taken yet
+        for node_id in [n for n in self._first_fence_after if n not in awaiting]:
+            del self._first_fence_after[node_id]
+        if awaiting:
+            self._first_fences(awaiting)
         # Write grants of puts that ended: the nodes refuse them from now on.  One push at a
         # time (a stalled node must not pile them up); what ends meanwhile goes in the next.
         fences = self.table.take_fences() if self._fencing is None else []
@@ -369,16 +376,23 @@ class MasterServer:
 
     def _fence_soon(self, node_id: str) -> None:
         """Push `node_id` its first fence of this run a moment from now (a mount asks)."""
-        self._first_fences([node_id], FIRST_FENCE_DELAY_S)
+        self._first_fences([node_id], FIRST_FENCE_DELAY_S, force=True)
 
-    def _first_fences(self, node_ids: Iterable[str], delay_s: float = 0.0) -> list[Task[None]]:
+    def _first_fences(
+        self, node_ids: Iterable[str], delay_s: float = 0.0, *, force: bool = False
+    ) -> list[Task[None]]:
         """Push each of `node_ids` that awaits one its first fence of this run, on its own:
         not behind the push in flight, which one stalled node holds for seconds, and with a
-        short deadline.  One in flight per node; returns those in flight for `node_ids`.
-        Two pushes in flight to one node are safe: it keeps the later (node/write_gate.py)."""
+        short deadline.  One in flight per node, and (unless `force`: a mount, or a put that
+        found no room) none within FIRST_FENCE_RETRY_S of one the node did not take; returns
+        those in flight for `node_ids`.  Two pushes in flight
+        to one node are safe: it keeps the later (node/write_gate.py)."""
         tasks = []
+        now = time.monotonic()
         for node_id in node_ids:
             task = self._first_fencing.get(node_id)
+            if task is None and not force and now < self._first_fence_after.get(node_id, 0.0):
+                continue
             if task is None:
                 task = asyncio.get_running_loop().create_task(
                     self._push_first_fence(node_id, delay_s)
@@ -401,12 +415,16 @@ class MasterServer:
         fences = self.table.first_fences([node_id])
         if fences:
             await self.mover.fence(fences, timeout_s=FIRST_FENCE_TIMEOUT_S)
+        if self.table.awaiting_first_fence([node_id]):  # not taken: the tick pushes again
+            self._first_fence_after[node_id] = time.monotonic() + FIRST_FENCE_RETRY_S
+        else:
+            self._first_fence_after.pop(node_id, None)
 
     async def _await_first_fences(self, node_ids: Collection[str], push: bool) -> None:
         """Wait (FIRST_FENCE_TIMEOUT_S at most) for the first fences in flight to `node_ids`;
         `push`: push one to each that has none in flight first."""
         if push:
-            tasks = self._first_fences(node_ids)
+            tasks = self._first_fences(node_ids, force=True)
         else:
             tasks = [t for n in node_ids if (t := self._first_fencing.get(n)) is not None]
         if tasks:

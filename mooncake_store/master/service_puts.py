@@ -33,11 +33,15 @@ class PutMethods(LeaseMethods):
     # ---- puts --------------------------------------------------------------------------------
 
     def _put_start(
-        self, item: pb.PutStartItem, owner: int = 0, outcome: PutStartOutcome | None = None
+        self,
+        item: pb.PutStartItem,
+        owner: int = 0,
+        outcome: PutStartOutcome | None = None,
+        evict: bool = True,
     ) -> pb.PutStartResult:
         try:
             if outcome is None:
-                outcome = self._put_start_once(item, owner)
+                outcome = self._put_start_once(item, owner, evict)
         except MooncakeError as exc:
             return pb.PutStartResult(status=_status(exc))
         if outcome.already_exists:  # with the stored checksum: a different value is a conflict
@@ -76,23 +80,28 @@ class PutMethods(LeaseMethods):
         (evicting, or NoSpaceError).  Puts that arrive while a node mounted again a moment ago
         holds its room back (membership.py `REMOUNT_HOLD_S`) wait for it first; one that found
         no room while a node mounted a moment ago has not taken this run's first write fence
-        (membership.py `awaiting_first_fence`) yet waits for that push (server.py
-        `_first_fences`: sent a moment after the mount, on its own), and has it pushed again
-        when it found no room (and tries again)."""
+        (membership.py `awaiting_first_fence`, normally for milliseconds: server.py
+        `_first_fences`) goes elsewhere if it prefers none, but evicts nothing before that
+        fence is in: one that finds no free room has it pushed (or waits for the push in
+        flight) and tries again; one that prefers such a node waits for it first."""
         await self._sit_out_remount_hold()
-        awaiting = self.table.awaiting_nodes()  # mounted a moment ago: their first fence is
-        if awaiting and self.first_fences is not None:  # on its way (ms), wait for it
-            await self.first_fences(awaiting, False)
-        results = await self._put_starts_now(items, owner)
+        evict = True
+        if self.first_fences is not None and self.table.awaiting_nodes():
+            evict = False
+            preferred = {n for i in items for n in i.preferred_nodes}
+            mine = self.table.awaiting_nodes(preferred) if preferred else set()
+            if mine:
+                await self.first_fences(mine, True)
+        results = await self._put_starts_now(items, owner, evict)
         held = [n for n, r in enumerate(results) if r.status.code == NoSpaceError.code]
         if not held:
             return results
         hold = self.table.remount_hold_s() > 0  # a node mounted again meanwhile
         awaiting = self.table.awaiting_nodes()  # its first fence not taken (yet)
-        if hold or awaiting:
+        if hold or awaiting or not evict:
             await self._sit_out_remount_hold()
             if awaiting and self.first_fences is not None:
-                await self.first_fences(awaiting, True)  # push it again now
+                await self.first_fences(awaiting, True)
             for n in held:
                 results[n] = self._put_start(items[n], owner)
         return results
@@ -106,10 +115,10 @@ class PutMethods(LeaseMethods):
             await asyncio.sleep(hold + 0.002)
 
     async def _put_starts_now(
-        self, items: list[pb.PutStartItem], owner: int
+        self, items: list[pb.PutStartItem], owner: int, evict: bool = True
     ) -> list[pb.PutStartResult]:
         if not self._room_coming():
-            return await each(items, lambda i: self._put_start(i, owner))
+            return await each(items, lambda i: self._put_start(i, owner, evict=evict))
         waiting: list[int] = []
 
         def start(n: int, item: pb.PutStartItem) -> pb.PutStartResult:
@@ -127,7 +136,7 @@ class PutMethods(LeaseMethods):
         if waiting:
             await self._wait_for_fence()
             for n in waiting:
-                results[n] = self._put_start(items[n], owner)
+                results[n] = self._put_start(items[n], owner, evict=evict)
         return results
 
     def _room_coming(self) -> bool:

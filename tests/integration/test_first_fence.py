@@ -24,11 +24,11 @@ BLOCK = os.urandom(MiB)
 STALL_S = 4.0  # the fence push's deadline is 5 s: it stays in flight throughout
 
 
-def _stall(cluster: InProcessCluster, index: int) -> threading.Thread:
-    """Block node `index`'s event loop (its control service: FenceWrites) for STALL_S."""
+def _stall(cluster: InProcessCluster, index: int, seconds: float = STALL_S) -> threading.Thread:
+    """Block node `index`'s event loop (its control service: FenceWrites) for `seconds`."""
 
     async def busy() -> None:
-        time.sleep(STALL_S)  # a loop stalled by blocking work, as a busy node's would be
+        time.sleep(seconds)  # a loop stalled by blocking work, as a busy node's would be
 
     thread = threading.Thread(target=cluster.nodes[index].call, args=(busy(),), daemon=True)
     thread.start()
@@ -82,3 +82,49 @@ def test_a_put_preferring_a_node_just_mounted_goes_there(tmp_path):
             stalled.join()
             wait_until(lambda: all(n.state == "valid" for n in store.list_nodes()),
                        what="every node valid")  # fmt: skip
+
+
+def test_a_node_that_stalls_as_it_mounts_holds_up_no_put_that_goes_elsewhere(tmp_path):
+    """Its first fence push is held (its loop is blocked): a put with room on the other nodes,
+    preferring none, is placed there without waiting for that push (found by review of
+    2b75a68: every put waited for it, up to its 1 s deadline)."""
+    args = [*FAST_MASTER, "--heartbeat-ttl", "20s"]
+    with InProcessCluster(tmp_path, nodes=2, dram="32MiB", master_args=args) as cluster:
+        master = cluster.master.server  # type: ignore[union-attr]
+        with Client(cluster.master_address, leases=False) as store:  # two-phase puts
+            store.put("warm", BLOCK)
+            fresh = cluster.add_node().server.node_id
+            stalled = _stall(cluster, 2, 3.0)  # before its first fence (20 ms after the mount)
+            wait_until(lambda: fresh in master._first_fencing, what="its first fence push")
+            store.put("elsewhere", BLOCK)
+            assert fresh in master._first_fencing  # that push is still in flight
+            assert _nodes_of(cluster, "elsewhere") <= {"node-0", "node-1"}
+            stalled.join()
+            wait_until(lambda: not master.table.awaiting_nodes(), what="its first fence")
+
+
+def test_a_node_whose_first_fence_push_failed_still_takes_puts_before_evictions(tmp_path):
+    """The new node is busy past its first push's 1 s deadline, while another node holds the
+    tick's push: a put that finds no free room elsewhere has the new node's first fence
+    pushed again and goes there, evicting nothing (found by review of 2b75a68: it evicted an
+    acknowledged block on a full node)."""
+    args = [*FAST_MASTER, "--heartbeat-ttl", "20s"]
+    with InProcessCluster(tmp_path, nodes=2, dram="8MiB", master_args=args) as cluster:
+        master = cluster.master.server  # type: ignore[union-attr]
+        table = master.table
+        with Client(cluster.master_address, leases=False) as store:
+            for i in range(16):  # both nodes full of acknowledged blocks
+                store.put(f"full/{i}", BLOCK)
+            held = _stall(cluster, 1, 6.0)
+            store.put("ends-a-put", b"x" * 4096)  # a push goes out, held by node-1
+            _wait_for_a_push_in_flight(cluster)
+            fresh = cluster.add_node().server.node_id
+            _stall(cluster, 2, 1.3).join()  # its first fence push times out (1 s)
+            wait_until(lambda: not master._first_fencing, what="that push to end")
+            assert held.is_alive() and fresh in table.awaiting_nodes()
+            evicted = table.counters["evictions"]
+            store.put("new", BLOCK)
+            assert held.is_alive()  # not the tick's push: node-1 still holds it
+            assert table.counters["evictions"] == evicted
+            assert _nodes_of(cluster, "new") == {fresh}
+            held.join()

@@ -155,6 +155,54 @@ def test_a_node_mounted_again_before_its_release_went_does_not_bring_the_key_bac
     table.validate()
 
 
+def test_a_release_queued_while_its_node_is_away_waits_for_its_next_mount():
+    """Removed while its node is gone (unmounted, or dropped as silent) before the tick sent
+    the Release: the tick keeps it, and the next mount releases it rather than adopting the
+    block its inventory still lists (found by review of 2b75a68)."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, _ = make(inventory=held)
+    table.remove("x1")
+    table.unmount("n", 1)
+    assert table.take_released() == {}  # nothing to send it to
+    make(inventory=held, incarnation=2, table=table)
+    assert not table.exists("x1") and table.exists("x0") and table.exists("x2")
+    assert table.take_released() == {NVME: [MiB]}
+    table.validate()
+
+
+def test_a_release_that_failed_as_its_node_went_away_waits_for_its_next_mount():
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, _ = make(inventory=held)
+    table.remove("x1")
+    sent = table.take_released()
+    assert sent == {NVME: [MiB]}
+    table.unmount("n", 1)  # gone while the Release was in flight
+    table.release_again(NVME, sent[NVME])  # ... which failed
+    assert table.take_released() == {}
+    make(inventory=held, incarnation=1, table=table)  # the same process mounts again
+    assert not table.exists("x1")
+    assert table.take_released() == {NVME: [MiB]}
+    table.validate()
+
+
+def test_a_block_removed_under_a_read_lease_is_released_when_its_node_restarts():
+    """Its free waits for the lease (`_deferred`); the node restarts meanwhile: the new mount
+    releases it rather than adopting it (the deferred free is the old mount's, skipped)."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, clock = make(inventory=held)
+    table.read("x1")  # a reader holds a lease on it
+    table.remove("x1")
+    assert table.take_released() == {}  # not freed yet
+    make(inventory=held, incarnation=2, table=table)
+    assert not table.exists("x1")
+    assert table.take_released() == {NVME: [MiB]}
+    clock.now += 6  # past the read lease
+    table.heartbeat("n", 2)
+    table.tick()
+    assert not table.exists("x1") and table.take_released() == {}
+    table.validate()
+
+
 def test_corrupt_source_is_dropped():
     table, tiering, _ = make()
     for i in range(4):
