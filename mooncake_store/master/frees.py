@@ -185,40 +185,37 @@ class ExtentFrees(ReplicaRelocation):
         if not self.fences.dirty:
             return []
         self.fences.dirty = False
-        open_ = self._open_generations()
-        floor = self._next_generation
-        return [
-            (seg, floor, frozenset(open_.get(seg.segment_id, ())))
-            for seg in self._segments.values()  # suspect nodes too: they may be writable
-            if seg.tier is Tier.DRAM
-        ]
+        # suspect nodes too: they may be writable
+        return self._fences_of([s for s in self._segments.values() if s.tier is Tier.DRAM])
 
     def first_fences(self, node_ids: Iterable[str]) -> list[tuple[Segment, int, frozenset[int]]]:
         """The write fence of each segment of `node_ids` awaiting its first one of this run
         (membership.py `awaiting_first_fence`), as `take_fences` makes them, for a push of its
         own: the node may take puts as soon as it is acknowledged."""
         wanted = set(node_ids)
-        segs = [
-            seg for segment_id in self._awaiting  # type: ignore[attr-defined]
+        return self._fences_of([
+            seg for segment_id in self._awaiting
             if (seg := self._segments.get(segment_id)) is not None and seg.node_id in wanted
-        ]  # fmt: skip
-        if not segs:
-            return []
-        open_ = self._open_generations()
-        floor = self._next_generation
-        return [(seg, floor, frozenset(open_.get(seg.segment_id, ()))) for seg in segs]
+        ])  # fmt: skip
 
     def mount_fences(self, segment_ids: Iterable[int]) -> list[tuple[int, int, frozenset[int]]]:
         """(segment id, floor, open generations): the fence a mount reply gives each mounted
         DRAM segment among `segment_ids`.  A fresh mount has no puts yet, so every grant issued
         before it is ended; a repeated mount of the same incarnation keeps its puts open."""
+        segs = [
+            seg for segment_id in segment_ids
+            if (seg := self._segments.get(segment_id)) is not None and seg.tier is Tier.DRAM
+        ]  # fmt: skip
+        return [(seg.segment_id, floor, open_) for seg, floor, open_ in self._fences_of(segs)]
+
+    def _fences_of(self, segs: list[Segment]) -> list[tuple[Segment, int, frozenset[int]]]:
+        """The write fence of each of `segs` now: the next put generation as its floor, and
+        the generations of the pending puts with a replica there open."""
+        if not segs:
+            return []
         open_ = self._open_generations()
         floor = self._next_generation
-        return [
-            (segment_id, floor, frozenset(open_.get(segment_id, ())))
-            for segment_id in segment_ids
-            if (seg := self._segments.get(segment_id)) is not None and seg.tier is Tier.DRAM
-        ]
+        return [(seg, floor, frozenset(open_.get(seg.segment_id, ()))) for seg in segs]
 
     def _open_generations(self) -> dict[int, set[int]]:
         """Segment id -> generations of the pending puts with a replica there."""
@@ -233,8 +230,7 @@ class ExtentFrees(ReplicaRelocation):
         """`seg`'s node took this fence: the frees it held can happen now."""
         if self._segments.get(seg.segment_id) is not seg:
             return  # mounted again meanwhile: the new mount gets its own fence
-        if not seg.first_fence_taken:  # the node took this run's mount reply: puts may go there
-            self.first_fence_taken(seg)  # type: ignore[attr-defined]
+        self._awaiting.discard(seg.segment_id)  # puts may go there
         now = self._clock()
         for held in self.fences.acknowledged(seg, floor, open_):
             self._release_held(seg.segment_id, held, now)

@@ -113,7 +113,9 @@ class Membership(ObjectColumns):
         self._segments: dict[int, Segment] = {}  # every mounted segment
         self._offered: dict[int, Segment] = {}  # those of nodes not suspect: readers, writers
         self._held_until = 0.0  # the latest `Segment.writable_after` set (remount_hold_s)
-        self._awaiting: set[int] = set()  # segments whose node took no fence of this run yet
+        # Segments whose node took no fence of this run since they mounted (`fence_acked` in
+        # frees.py takes them out): no put is granted room there before.
+        self._awaiting: set[int] = set()
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
         self._mounts = 0  # segment generations handed out (Segment.generation)
 
@@ -164,8 +166,7 @@ class Membership(ObjectColumns):
                 seg.writable_after = self._clock() + REMOUNT_HOLD_S
                 self._held_until = max(self._held_until, seg.writable_after)
             if self._fence_writes and info.tier is Tier.DRAM:
-                seg.first_fence_taken = False  # see `awaiting_first_fence`
-                self._awaiting.add(info.segment_id)
+                self._awaiting.add(info.segment_id)  # see `awaiting_first_fence`
                 self.fences.dirty = True
             self._segments[info.segment_id] = seg
             self._offered[info.segment_id] = seg
@@ -346,11 +347,6 @@ class Membership(ObjectColumns):
                 out.add(seg.node_id)
         return out
 
-    def first_fence_taken(self, seg: Segment) -> None:
-        """`seg`'s node took a fence of this master run since it mounted: puts may go there."""
-        seg.first_fence_taken = True
-        self._awaiting.discard(seg.segment_id)
-
     def mounted_segment(self, segment_id: int) -> Segment | None:
         """The segment while it is mounted, offered or not (its node may be suspect)."""
         return self._segments.get(segment_id)
@@ -388,10 +384,7 @@ class Membership(ObjectColumns):
                 out.append((state, NodeCondition.SUSPECT, max(0.0, dropped_at_s - silent_s)))
             elif node_id in self.draining:
                 out.append((state, NodeCondition.DRAINING, 0.0))
-            elif any(
-                (seg := self._segments.get(i)) is not None and not seg.first_fence_taken
-                for i in state.segment_ids
-            ):
+            elif any(i in self._awaiting for i in state.segment_ids):
                 out.append((state, NodeCondition.MOUNTING, 0.0))
             else:
                 out.append((state, NodeCondition.VALID, 0.0))

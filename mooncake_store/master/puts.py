@@ -132,7 +132,7 @@ class PutLifecycle(EvictionVictims):
             s for s in self._offered.values()
             if s.tier is Tier.DRAM and s.node_id not in self.draining
             and s.writable_after <= now  # not a node mounted again a moment ago
-            and s.first_fence_taken  # its node took this run's mount reply (membership.py)
+            and s.segment_id not in self._awaiting  # membership.py
         ]  # fmt: skip
         if not fast:
             if any(s.writable_after > now for s in self._offered.values()):

@@ -53,8 +53,8 @@ class Segment:
     """
 
     __slots__ = (
-        "allocator", "first_fence_taken", "generation", "info", "leased_bytes", "leases",
-        "objects", "pending_bytes", "persistent", "writable_after",
+        "allocator", "generation", "info", "leased_bytes", "leases", "objects", "pending_bytes",
+        "persistent", "writable_after",
     )  # fmt: skip
 
     def __init__(self, info: SegmentInfo, allocator: ExtentAllocator, generation: int = 0) -> None:
@@ -71,9 +71,6 @@ class Segment:
         # No room of this mount is handed out before then (master clock): see
         # membership.py `REMOUNT_HOLD_S`.
         self.writable_after = 0.0
-        # Its node took a write fence of this master run since the mount (membership.py
-        # `awaiting_first_fence`): no put is granted room here before.
-        self.first_fence_taken = True
 
     @property
     def node_id(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
 import logging
 import signal
@@ -400,14 +401,13 @@ class MasterServer:
                 self._first_fencing[node_id] = task
                 self._releases.add(task)
                 task.add_done_callback(self._releases.discard)
-                task.add_done_callback(self._first_fenced)
+                task.add_done_callback(functools.partial(self._first_fenced, node_id))
             tasks.append(task)
         return tasks
 
-    def _first_fenced(self, task: Task[None]) -> None:
-        for node_id, mine in list(self._first_fencing.items()):
-            if mine is task:
-                del self._first_fencing[node_id]
+    def _first_fenced(self, node_id: str, task: Task[None]) -> None:
+        if self._first_fencing.get(node_id) is task:
+            del self._first_fencing[node_id]
 
     async def _push_first_fence(self, node_id: str, delay_s: float) -> None:
         if delay_s > 0:
