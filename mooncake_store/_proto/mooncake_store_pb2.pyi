@@ -657,15 +657,27 @@ class FetchResponse(_message.Message):
     statuses: _containers.RepeatedCompositeFieldContainer[Status]
     def __init__(self, statuses: _Optional[_Iterable[_Union[Status, _Mapping]]] = ...) -> None: ...
 
+class ReleasedBlock(_message.Message):
+    __slots__ = ("offset", "key", "checksum")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    key: str
+    checksum: int
+    def __init__(self, offset: _Optional[int] = ..., key: _Optional[str] = ..., checksum: _Optional[int] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
-    __slots__ = ("segment_id", "offsets", "master_run")
+    __slots__ = ("segment_id", "offsets", "master_run", "blocks")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     offsets: _containers.RepeatedScalarFieldContainer[int]
     master_run: int
-    def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., master_run: _Optional[int] = ...) -> None: ...
+    blocks: _containers.RepeatedCompositeFieldContainer[ReleasedBlock]
+    def __init__(self, segment_id: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., master_run: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[ReleasedBlock, _Mapping]]] = ...) -> None: ...
 
 class ReplicaRef(_message.Message):
     __slots__ = ("segment_id", "offset")

@@ -4,8 +4,9 @@ An extent is freed at once, later (`_deferred`: a read lease or a copy protects 
 then), or only once its node took a write fence that ends the put's write grants
 (`fences.py`: the held frees of puts that end without a commit).  A free the allocator refuses
 (a stale one: the mount is gone, or the extent is not allocated as named) is a logged no-op.
-Persistent-tier extents freed are reported to their node (`take_released`).  Losing a replica
-(eviction, a dropped segment) and deleting an object end here.
+A persistent-tier block that leaves the master's records is owed a release to its node
+(releases.py: recorded at once, sent once its extent is free, `take_released`).  Losing a
+replica (eviction, a dropped segment) and deleting an object end here.
 
 `ExtentFrees` is a base of `ObjectTable` (object_table.py) on top of `ReplicaRelocation`.
 """
@@ -21,6 +22,7 @@ from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.fences import HeldFree, WriteFences
 from mooncake_store.master.objects import Replica
+from mooncake_store.master.releases import BlockName, OwedReleases
 from mooncake_store.master.relocation import ReplicaRelocation
 from mooncake_store.master.segments import Segment, Tier
 
@@ -40,20 +42,23 @@ class ExtentFrees(ReplicaRelocation):
     _next_generation: int
     # (free at, segment generation, segment, offset, size): frees that wait for a lease
     _deferred: list[tuple[float, int, int, int, int]]
-    _released: dict[int, list[int]]  # persistent segment -> freed offsets
-    _releasing: dict[int, set[int]]  # of those, sent and not acknowledged yet
+    releases: OwedReleases  # persistent-tier blocks their nodes must forget (releases.py)
 
     if TYPE_CHECKING:  # provided by PutLifecycle (puts.py)
 
         def _unpend(self, slot: int, replicas: Iterable[Replica]) -> None: ...
 
-    def _note_release(self, seg: Segment, offset: int) -> None:
-        """Tell the node (persistent tiers only) to forget an extent the master does not use."""
-        if seg.tier.persistent:
-            self._released.setdefault(seg.segment_id, []).append(offset)
+    def _note_release(self, seg: Segment, offset: int, name: BlockName | None = None) -> None:
+        """Tell the node (persistent tiers only) to forget the block at `offset` (`name`: the
+        block, unless a release is owed there already), which the master does not use."""
+        if seg.persistent:
+            self.releases.queue(seg.segment_id, offset, name)
 
-    def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None:
-        """Give an allocated extent back now and tell its node.
+    def _free_extent(
+        self, seg: Segment, offset: int, size_bytes: int, name: BlockName | None = None
+    ) -> None:
+        """Give an allocated extent back now and tell its node (`name`: the block there, where
+        no release is owed for it yet).
 
         A free the allocator refuses (the extent is not allocated as named: a double free or a
         wrong size) is a logged no-op, never a release of someone else's space nor a failure
@@ -64,7 +69,7 @@ class ExtentFrees(ReplicaRelocation):
         except KeyError:
             self._stale("free", seg, offset, size_bytes)
             return
-        self._note_release(seg, offset)
+        self._note_release(seg, offset, name)
 
     def _stale(self, what: str, seg: Segment, offset: int, size_bytes: int) -> None:
         self.counters["stale_frees"] += 1
@@ -83,10 +88,14 @@ class ExtentFrees(ReplicaRelocation):
         assert key is not None
         now = self._clock()
         size_bytes = self._size[slot]
+        name = BlockName(key, self._checksum[slot])
         for r in replicas:
             seg = self._segments.get(r.segment_id)
-            if seg is None:  # a restored replica whose segment is not back: nothing held
+            if seg is None:  # a restored replica whose segment is not back: nothing held, but
+                self.releases.owe(r.segment_id, r.offset, name)  # its mount must not adopt it
                 continue
+            if seg.persistent:
+                self.releases.owe(seg.segment_id, r.offset, name)  # sent once the extent is free
             seg.objects -= 1
             self.policy.discard(slot, r.segment_id, key if ghost else "")
             generation = self._gen[slot]
@@ -112,67 +121,39 @@ class ExtentFrees(ReplicaRelocation):
             else:
                 self._free_extent(seg, r.offset, size_bytes)
 
-    def take_released(self) -> dict[int, list[int]]:
-        """Persistent-tier extents freed since the last call, per segment (drained): send
-        each to its node, then `release_done` or `release_again`.  Those of a segment not
-        mounted now are kept for its next mount, whose inventory still lists them
-        (`pending_releases`)."""
-        out: dict[int, list[int]] = {}
-        kept: dict[int, list[int]] = {}
-        for segment_id, offsets in self._released.items():
-            if not offsets:
-                continue
-            if self.mounted_segment(segment_id) is None:  # type: ignore[attr-defined]
-                kept[segment_id] = offsets  # for its next mount (`pending_releases`)
-                continue
-            out[segment_id] = list(dict.fromkeys(offsets))
-            self._releasing.setdefault(segment_id, set()).update(offsets)
-        self._released = kept
-        return out
+    def take_released(self) -> dict[int, list[tuple[int, BlockName]]]:
+        """Releases to send now, per mounted segment (releases.py `take`): send each to its
+        node, then `release_done` or `release_again`.  Those of a segment not mounted now wait
+        for its next mount, whose inventory still lists them (`pending_releases`)."""
+        return self.releases.take(lambda segment_id: self.mounted_segment(segment_id) is not None)  # type: ignore[attr-defined]
 
     def release_done(self, segment_id: int, offsets: list[int]) -> None:
-        """The node forgot these extents."""
-        sending = self._releasing.get(segment_id)
-        if sending is not None:
-            sending.difference_update(offsets)
-            if not sending:
-                del self._releasing[segment_id]
+        """The node took these releases."""
+        self.releases.done(segment_id, offsets)
 
     def release_again(self, segment_id: int, offsets: list[int]) -> None:
-        """A Release its node did not take (refused as another master run's while a mount reply
+        """A release its node did not take (refused as another master run's while a mount reply
         is on its way or lost, or not delivered): sent again with the next ones, unless a Move
         down took the offset since (`claim_release`).  Dropped, a removed key would come back
         with the node's next inventory (membership.py adopts what a node holds)."""
-        sending = self._releasing.get(segment_id, set())
-        again = [o for o in offsets if o in sending]
-        self.release_done(segment_id, again)
-        if again:
-            self._released.setdefault(segment_id, []).extend(again)
+        self.releases.again(segment_id, offsets)
 
     def claim_release(self, segment_id: int, offset: int) -> None:
         """An extent starting at `offset` was allocated again: a new block goes there, which
-        the node indexes by that offset, so a Release of the old one must not follow (the new
-        extent's own free sends one).  A Release of an offset that a new extent only covers
-        still goes: no block of the node starts there but the removed one."""
-        queued = self._released.get(segment_id)
-        if queued and offset in queued:
-            self._released[segment_id] = [o for o in queued if o != offset]
-        sending = self._releasing.get(segment_id)
-        if sending is not None:
-            sending.discard(offset)
+        the node indexes by that offset, so a release of the old one is not sent any more (the
+        new block's own release is owed anew, if it goes).  A release of an offset that a new
+        extent only covers still goes: no block of the node starts there but the removed one."""
+        self.releases.claim(segment_id, offset)
 
-    def pending_releases(self, segment_id: int) -> set[int]:
-        """The offsets of `segment_id` freed, or to be freed once a read lease ends, and not
-        yet forgotten by its node (drained): the segment is being mounted again, and its
-        node's inventory may still list them.  The deferred frees are an earlier mount's,
-        which would be skipped as stale."""
-        out = set(self._released.pop(segment_id, ()))
-        out |= self._releasing.pop(segment_id, set())
+    def pending_releases(self, segment_id: int) -> dict[int, BlockName]:
+        """The releases owed in `segment_id`, which is being mounted again (its node's
+        inventory may still list those blocks): the caller queues or drops each
+        (releases.py `at_mount`).  Frees deferred for a read lease are an earlier mount's,
+        which would be skipped as stale: their releases are among those returned."""
         if any(d[2] == segment_id for d in self._deferred):
-            out.update(d[3] for d in self._deferred if d[2] == segment_id)
             self._deferred = [d for d in self._deferred if d[2] != segment_id]
             heapq.heapify(self._deferred)
-        return out
+        return self.releases.at_mount(segment_id)
 
     def room_after_fence(self) -> int:
         """Bytes that the nodes' next write fence frees in the segments offered to puts (the

@@ -40,6 +40,7 @@ from mooncake_store.master.eviction import EvictionPolicy
 from mooncake_store.master.fences import WriteFences
 from mooncake_store.master.liveness import Heartbeats
 from mooncake_store.master.objects import Replica
+from mooncake_store.master.releases import BlockName, OwedReleases
 from mooncake_store.master.segments import (
     NodeCondition,
     NodeInfo,
@@ -78,7 +79,8 @@ class Membership(ObjectColumns):
     _dirty: dict[str, bool]
     _pending: dict[str, float]
     _lease_keys: set[str]  # pending puts that are allocation leases (leases.py)
-    _moves: dict[tuple[int, int, int], int]  # (segment, generation, offset) -> size
+    _moves: dict[tuple[int, int, int], tuple[int, int]]  # (segment, generation, offset) -> ...
+    releases: OwedReleases  # persistent-tier blocks their nodes must forget (releases.py)
     draining: Collection[str]  # nodes being drained (drain.py)
     fences: WriteFences
     _fence_writes: bool
@@ -86,10 +88,12 @@ class Membership(ObjectColumns):
     if TYPE_CHECKING:
 
         def _cache(self, slot: int, segment_id: int) -> None: ...
-        def _note_release(self, seg: Segment, offset: int) -> None: ...
+        def _note_release(
+            self, seg: Segment, offset: int, name: BlockName | None = None
+        ) -> None: ...
         def _forget_replica(self, slot: int, replica: Replica) -> None: ...
         def _intern_fingerprint(self, fingerprint: bytes) -> bytes: ...
-        def pending_releases(self, segment_id: int) -> set[int]: ...
+        def pending_releases(self, segment_id: int) -> dict[int, BlockName]: ...
 
     def __init__(
         self,
@@ -175,8 +179,13 @@ class Membership(ObjectColumns):
             if info.segment_id in self._orphans:  # its replicas came back from RocksDB
                 self._orphans.discard(info.segment_id)
                 restored = self._slots_in(info.segment_id)
-            released = self.pending_releases(info.segment_id) if seg.persistent else set()
-            self._adopt(seg, restored, inventory, released)
+            owed: dict[int, BlockName] = {}
+            if seg.persistent:
+                owed = self.pending_releases(info.segment_id)
+            else:  # owed before its tier was known (not mounted since a restart): none is
+                for offset in self.releases.at_mount(info.segment_id):
+                    self.releases.drop(info.segment_id, offset)
+            self._adopt(seg, restored, inventory, owed)
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now
 
@@ -185,16 +194,27 @@ class Membership(ObjectColumns):
         seg: Segment,
         restored: list[int],
         inventory: Sequence[BlockRecord] | None,
-        released: set[int],
+        owed: dict[int, BlockName],
     ) -> None:
         """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
         its inventory vouches for, and adopt the blocks it reports that nobody knew, but for
-        those at `released` offsets: freed here, their Release not yet taken by the node (a
-        removed key must not come back); they are released again."""
+        those owed a release (`owed`: they left the master's records, and the node has not
+        forgotten them yet): a removed key must not come back; they are released again.  An
+        owed release the inventory no longer matches (the node does not hold that block there)
+        ends; so does one where a restored object's record vouches for that very block (the
+        record was written after the release was owed)."""
         reported = {item.offset: item for item in inventory or ()}
-        for offset in released & reported.keys():
-            del reported[offset]
-            self._note_release(seg, offset)
+        restored_slots = set(restored) if owed else set()
+        for offset, name in owed.items():
+            item = reported.get(offset)
+            matches = inventory is None or (
+                item is not None and BlockName(item.key, item.checksum) == name
+            )
+            if not matches or self._restored_at(restored_slots, seg.segment_id, offset, name):
+                self.releases.drop(seg.segment_id, offset)
+                continue
+            reported.pop(offset, None)
+            self._note_release(seg, offset, name)
         for slot in restored:
             key = self._key[slot]
             assert key is not None
@@ -225,7 +245,7 @@ class Membership(ObjectColumns):
             or self._size[slot] != item.size_bytes
             or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
         ):
-            self._note_release(seg, item.offset)
+            self._note_release(seg, item.offset, BlockName(item.key, item.checksum))
             return
         if not self._reserve(seg, item.offset, item.size_bytes):
             return
@@ -242,6 +262,18 @@ class Membership(ObjectColumns):
         seg.objects += 1
         self._cache(slot, seg.segment_id)
         self._dirty[item.key] = True
+
+    def _restored_at(
+        self, restored: set[int], segment_id: int, offset: int, name: BlockName
+    ) -> bool:
+        """Whether a restored object's record names the block `name` at `offset`."""
+        slot = self._slot.get(name.key)
+        return (
+            slot is not None
+            and slot in restored
+            and self._checksum[slot] == name.checksum
+            and Replica(segment_id, offset) in self._replicas(slot)
+        )
 
     def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
         try:

@@ -240,6 +240,11 @@ class TableCollector(Collector):
             "mooncake_master_under_replicated_objects", "Objects that lost a replica and wait "
             "for a repair copy.", value=len(table.under_replicated),
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "mooncake_master_releases_owed", "Persistent-tier blocks the master let go of and "
+            "their node has not forgotten yet (Release not acknowledged).",
+            value=len(table.releases),
+        )  # fmt: skip
         yield GaugeMetricFamily("mooncake_master_nodes", "Mounted nodes offered to readers "
                                 "and writers (not suspect).",
                                 value=len({s.node_id for s in table.segments()}))  # fmt: skip

@@ -25,6 +25,7 @@ from mooncake_store.common.errors import OK, ChecksumMismatchError
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 from mooncake_store.master.object_table import ObjectTable
+from mooncake_store.master.releases import BlockName
 from mooncake_store.master.replication import CopyTask, Replication
 from mooncake_store.master.segments import Segment
 from mooncake_store.master.tiering import MoveTask, Tiering
@@ -170,8 +171,10 @@ class NodeMover:
         for task, code in zip(tasks, codes, strict=True):
             replication.complete(task, code == OK)
 
-    async def release(self, released: dict[int, list[int]]) -> None:
-        for segment_id, offsets in released.items():
+    async def release(self, released: dict[int, list[tuple[int, BlockName]]]) -> None:
+        """Send each segment's owed releases (frees.py `take_released`) to its node."""
+        for segment_id, blocks in released.items():
+            offsets = [offset for offset, _ in blocks]
             seg = self.table.mounted_segment(segment_id)  # a suspect node is told too
             stub = self._stub(seg.node_id) if seg is not None else None
             if stub is None:  # unmounted: its next mount reconciles (frees.py pending_releases)
@@ -180,8 +183,10 @@ class NodeMover:
                 continue
             try:
                 request = pb.ReleaseRequest(
-                    segment_id=segment_id, offsets=offsets, master_run=self.master_run
-                )
+                    segment_id=segment_id, master_run=self.master_run,
+                    blocks=[pb.ReleasedBlock(offset=offset, key=name.key, checksum=name.checksum)
+                            for offset, name in blocks],
+                )  # fmt: skip
                 signed = self._signed(seg.node_id, "Release", request)  # type: ignore[union-attr]
                 status = await stub.Release(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:

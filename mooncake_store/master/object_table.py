@@ -51,6 +51,7 @@ from mooncake_store.master.puts import MAX_TAG_BYTES as MAX_TAG_BYTES
 from mooncake_store.master.puts import PutStartOutcome as PutStartOutcome
 from mooncake_store.master.reads import ObjectReads
 from mooncake_store.master.reads import ReadResult as ReadResult
+from mooncake_store.master.releases import BlockName, OwedReleases, ReleaseRecord
 
 log = logging.getLogger("mooncake.master")
 
@@ -78,10 +79,12 @@ class Candidates(set[str]):
 
 @dataclass(slots=True)
 class Dirty:
-    """Mutations to persist: objects to (re)write and keys to delete."""
+    """Mutations to persist: objects to (re)write, keys to delete, owed releases to record
+    or end (releases.py)."""
 
     puts: list[ObjectMeta] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
+    releases: list[ReleaseRecord] = field(default_factory=list)
 
 
 class ObjectTable(ObjectReads):
@@ -126,8 +129,7 @@ class ObjectTable(ObjectReads):
         # (free at, segment generation, segment, offset, size): frees that wait for a lease
         self._deferred: list[tuple[float, int, int, int, int]] = []
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
-        self._released: dict[int, list[int]] = {}  # persistent segment -> freed offsets
-        self._releasing: dict[int, set[int]] = {}  # of those, sent and not acknowledged yet
+        self.releases = OwedReleases()  # persistent-tier blocks their nodes must forget
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: Candidates = Candidates()  # lost a replica: repair candidates
@@ -200,6 +202,16 @@ class ObjectTable(ObjectReads):
             self.under_replicated.add(meta.key)
         return False
 
+    def releases_of(self, meta: ObjectMeta) -> list[ReleaseRecord]:
+        """The releases removing the object `meta` makes owed (its replicas in persistent
+        segments, or in segments not mounted since a restart): the service persists them with
+        the delete, so no later mount adopts the removed blocks back."""
+        name = BlockName(meta.key, meta.checksum)
+        return [
+            (r.segment_id, r.offset, name) for r in meta.replicas
+            if (seg := self._segments.get(r.segment_id)) is None or seg.persistent
+        ]  # fmt: skip
+
     def mark_dirty(self, keys: Iterable[str]) -> None:
         """Persist these keys' current state again (after a failed metadata write)."""
         for key in keys:
@@ -246,8 +258,9 @@ class ObjectTable(ObjectReads):
         return result
 
     def take_dirty(self) -> Dirty:
-        """Objects to (re)write and keys to delete since the last call (drained)."""
-        out = Dirty()
+        """Objects to (re)write, keys to delete and owed releases changed since the last call
+        (drained)."""
+        out = Dirty(releases=self.releases.take_dirty())
         for key, alive in self._dirty.items():
             slot = self._slot.get(key)
             if slot is None:

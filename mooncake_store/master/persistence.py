@@ -1,6 +1,8 @@
 """RocksDB persistence of committed objects, with group commit.
 
-Only committed objects are stored (key `o/<object key>`); pending puts, leases, liveness and
+Committed objects are stored (key `o/<object key>`), and the releases owed to nodes for
+persistent-tier blocks the master let go of (key `r/<segment id><offset>`, both 8 bytes big
+endian: the block's checksum and key; master/releases.py).  Pending puts, leases, liveness and
 allocator state are rebuilt at start-up.  One writer task gathers every mutation queued while
 the previous batch was being written and commits them as one `WriteBatch`.  What `write()`
 returning means depends on the durability mode (the master's `sync_commits` and
@@ -44,6 +46,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from mooncake_store.common.checksum import CHUNK_BYTES
 from mooncake_store.common.clock import to_monotonic, to_wall
 from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
+from mooncake_store.master.releases import BlockName, ReleaseRecord
 
 log = logging.getLogger("mooncake.master")
 
@@ -55,6 +58,29 @@ _HEADER = struct.Struct("<BQQdHBHHdB")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
 _VERSION = 5
 _LEGACY_VERSION = 4  # whole-object checksum: valid as is only up to CHUNK_BYTES
+_RELEASE_PREFIX = b"r/"
+_RELEASE = struct.Struct("<BQ")  # version, checksum; then the key
+_RELEASE_VERSION = 1
+
+
+def _release_key(segment_id: int, offset: int) -> bytes:
+    return _RELEASE_PREFIX + segment_id.to_bytes(8, "big") + offset.to_bytes(8, "big")
+
+
+def encode_release(name: BlockName) -> bytes:
+    return _RELEASE.pack(_RELEASE_VERSION, name.checksum) + name.key.encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def decode_release(raw_key: bytes, blob: bytes) -> tuple[int, int, BlockName]:
+    if len(raw_key) != len(_RELEASE_PREFIX) + 16 or blob[:1] != bytes([_RELEASE_VERSION]):
+        raise ValueError(f"malformed owed-release record {raw_key!r}")
+    segment_id = int.from_bytes(raw_key[2:10], "big")
+    offset = int.from_bytes(raw_key[10:18], "big")
+    _, digest = _RELEASE.unpack_from(blob)
+    key = blob[_RELEASE.size :].decode("utf-8", "surrogatepass")
+    return segment_id, offset, BlockName(key, digest)
 
 
 class LegacyChecksumError(ValueError):
@@ -158,6 +184,16 @@ class MetadataStore:
             self._db.write(batch, self._sync)
             self.legacy_dropped = len(legacy)
 
+    def load_releases(self) -> list[tuple[int, int, BlockName]]:
+        """Every owed release recorded (call before serving)."""
+        out = []
+        for raw_key, blob in self._db.items(from_key=_RELEASE_PREFIX):
+            assert isinstance(raw_key, bytes) and isinstance(blob, bytes)  # raw mode
+            if not raw_key.startswith(_RELEASE_PREFIX):
+                break
+            out.append(decode_release(raw_key, blob))
+        return out
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._writer is None:
@@ -189,21 +225,31 @@ class MetadataStore:
         self.background_syncs += 1
 
     async def write(
-        self, puts: Sequence[ObjectMeta] = (), deletes: Sequence[str] = (), *, alone: bool = False
+        self,
+        puts: Sequence[ObjectMeta] = (),
+        deletes: Sequence[str] = (),
+        *,
+        releases: Sequence[ReleaseRecord] = (),
+        alone: bool = False,
     ) -> None:
-        """Persist the mutations before returning (fsync'd unless opened with sync=False).
+        """Persist the mutations before returning (fsync'd unless opened with sync=False), in
+        one batch: `releases` record owed releases (a name) or end them (None).
 
         `alone`: the caller knows nothing else is about to commit (no other put is in flight),
         so there is no group to wait for: with nothing queued, the batch is written here and
         now, which saves the writer task's wake-up and lets the framed endpoint answer inline.
         """
-        if not puts and not deletes:
+        if not puts and not deletes and not releases:
             return
         mutations: dict[bytes, bytes | None] = {}
         for meta in puts:
             mutations[_PREFIX + meta.key.encode("utf-8", "surrogatepass")] = encode_object(meta)
         for key in deletes:
             mutations[_PREFIX + key.encode("utf-8", "surrogatepass")] = None
+        for segment_id, offset, name in releases:
+            mutations[_release_key(segment_id, offset)] = (
+                None if name is None else encode_release(name)
+            )
         if alone and not self._queue and not self._closing:
             # Queued groups go first (order matters for a key put and removed): none here.
             self._write_group([mutations])

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.membership import Membership
 from mooncake_store.master.objects import Replica
+from mooncake_store.master.releases import BlockName
 from mooncake_store.master.segments import Segment
 
 log = logging.getLogger("mooncake.master")
@@ -39,12 +40,14 @@ class ReplicaRelocation(Membership):
     if TYPE_CHECKING:  # provided by ExtentFrees (frees.py)
 
         def _free(self, slot: int, replicas: Iterable[Replica], free_at_s: float) -> None: ...
-        def _free_extent(self, seg: Segment, offset: int, size_bytes: int) -> None: ...
+        def _free_extent(
+            self, seg: Segment, offset: int, size_bytes: int, name: BlockName | None = None
+        ) -> None: ...
 
     def __init__(self, **membership: Any) -> None:
         super().__init__(**membership)
-        # (segment, generation, offset) of a copy in flight -> its size
-        self._moves: dict[tuple[int, int, int], int] = {}
+        # (segment, generation, offset) of a copy in flight -> its size and the block's checksum
+        self._moves: dict[tuple[int, int, int], tuple[int, int]] = {}
 
     def begin_move(self, key: str, src: Segment, dst: Segment) -> tuple[Replica, int] | None:
         """Reserve an extent in `dst` for a copy of `key`'s replica in `src`; mark it moving.
@@ -65,7 +68,10 @@ class ReplicaRelocation(Membership):
         if dst.persistent:
             self.claim_release(dst.segment_id, offset)  # type: ignore[attr-defined]
         self._cold_set(slot, "moving", True)
-        self._moves[dst.segment_id, dst.generation, offset] = self._size[slot]
+        self._moves[dst.segment_id, dst.generation, offset] = (
+            self._size[slot],
+            self._checksum[slot],
+        )
         return source, offset
 
     def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
@@ -74,7 +80,7 @@ class ReplicaRelocation(Membership):
         Returns True when the object now lives at the destination.
         """
         slot = self._slot.get(key)
-        size_bytes = self._moves.pop((dst.segment_id, dst.generation, offset), 0)
+        size_bytes, digest = self._moves.pop((dst.segment_id, dst.generation, offset), (0, 0))
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         if not live_dst:
             _log_stale(key, dst, offset)
@@ -84,8 +90,8 @@ class ReplicaRelocation(Membership):
         if slot is not None:
             self._cold_set(slot, "moving", False)
         if not (ok and valid and live_dst):
-            if live_dst:
-                self._free_extent(dst, offset, size_bytes)
+            if live_dst:  # the node may have indexed the copy: it forgets it
+                self._free_extent(dst, offset, size_bytes, BlockName(key, digest))
             return False
         assert slot is not None
         kept = tuple(r for r in self._replicas(slot) if r != source)
@@ -102,7 +108,7 @@ class ReplicaRelocation(Membership):
     def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
         """Add the copy as a new replica (ok) or give its extent back; True when added."""
         slot = self._slot.get(key)
-        size_bytes = self._moves.pop((dst.segment_id, dst.generation, offset), 0)
+        size_bytes, digest = self._moves.pop((dst.segment_id, dst.generation, offset), (0, 0))
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         if not live_dst:
             _log_stale(key, dst, offset)
@@ -117,8 +123,8 @@ class ReplicaRelocation(Membership):
             for r in self._replicas(slot)
         )
         if not (ok and valid and live_dst) or on_node:
-            if live_dst:
-                self._free_extent(dst, offset, size_bytes)
+            if live_dst:  # the node may have indexed the copy: it forgets it
+                self._free_extent(dst, offset, size_bytes, BlockName(key, digest))
             return False
         assert slot is not None
         self._set_replicas(slot, (*self._replicas(slot), Replica(dst.segment_id, offset)))
@@ -147,7 +153,7 @@ class ReplicaRelocation(Membership):
     def _move_extents(self) -> dict[int, list[tuple[int, int]]]:
         """Extents reserved by copies in flight, per live segment (for `validate`)."""
         out: dict[int, list[tuple[int, int]]] = {}
-        for (segment_id, generation, offset), size_bytes in self._moves.items():
+        for (segment_id, generation, offset), (size_bytes, _) in self._moves.items():
             seg = self._segments.get(segment_id)
             if seg is not None and seg.generation == generation:
                 out.setdefault(segment_id, []).append((offset, seg.allocator.aligned(size_bytes)))

@@ -162,10 +162,12 @@ class MasterServer:
         data_dir = Path(self.config.data_dir)
         self._store = open_metadata(data_dir, self.config)
         restored = self.table.restore(self._store.load())
+        owed = self.table.releases.restore(self._store.load_releases())
         freeze_long_lived()
         self._store.start()
-        if restored:
-            log.info("restored %d committed objects from %s", restored, data_dir)
+        if restored or owed:
+            log.info("restored %d committed objects and %d releases owed to nodes from %s",
+                     restored, owed, data_dir)  # fmt: skip
         if self.config.auth == "on":
             self.access = AccessControl(TokenAuthority(load_or_create_cluster_key(data_dir)))
         else:

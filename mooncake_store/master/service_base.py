@@ -104,9 +104,12 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
         """Write what evictions, moves and adoptions changed (durable before replies).  When
         the write fails, the keys stay dirty: the next tick writes them again."""
         dirty = self.table.take_dirty()
-        if dirty.puts or dirty.deletes:
+        if dirty.puts or dirty.deletes or dirty.releases:
             try:
-                await self.store.write(puts=dirty.puts, deletes=dirty.deletes)
+                await self.store.write(
+                    puts=dirty.puts, deletes=dirty.deletes, releases=dirty.releases
+                )
             except Exception:
                 self.table.mark_dirty([*(m.key for m in dirty.puts), *dirty.deletes])
+                self.table.releases.mark_dirty(dirty.releases)
                 raise

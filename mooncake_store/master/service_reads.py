@@ -122,11 +122,13 @@ class ReadMethods(ServicerBase):
             except MooncakeError as exc:
                 statuses.append(_status(exc))
         if doomed:
+            owed = [r for meta in doomed for r in self.table.releases_of(meta)]
             try:
-                await self.store.write(deletes=[m.key for m in doomed])
+                await self.store.write(deletes=[m.key for m in doomed], releases=owed)
             except Exception as exc:
                 log.error("removing %d objects: the metadata write failed: %s", len(doomed), exc)
                 self.table.mark_dirty(m.key for m in doomed)  # the write may have landed
+                self.table.releases.mark_dirty(owed)  # as they are: none owed yet
                 failure = pb.Status(
                     code=MooncakeError.code,
                     message=f"metadata write failed ({exc}); nothing was removed, retry",

@@ -336,8 +336,11 @@ class NodeControl(pb_grpc.NodeServiceServicer):
         if problem is not None:
             return pb.Status(code=AccessDeniedError.code, message=problem)
         tier = self.nvme.get(request.segment_id)
-        if tier is not None and request.offsets:
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if tier is not None and request.blocks:
+            blocks = [(b.offset, b.key, b.checksum) for b in request.blocks]
+            await loop.run_in_executor(self.executor, tier.release, blocks)
+        if tier is not None and request.offsets:  # an older master's: by offset alone
             await loop.run_in_executor(self.executor, tier.forget, list(request.offsets))
         return pb.Status(code=OK)
 

@@ -193,10 +193,30 @@ class NvmeTier:
         self._index.write(batch, self._sync)
 
     def forget(self, offsets: list[int]) -> None:
+        """Drop the index entries at `offsets`, whatever they name."""
         batch = WriteBatch(raw_mode=True)
         for offset in offsets:
             batch.delete(offset.to_bytes(8, "big"))
         self._index.write(batch, self._sync)
+
+    def release(self, blocks: list[tuple[int, str, int]]) -> int:
+        """Drop the index entries of the blocks (offset, key, checksum) the master released,
+        each only while its offset still holds that block: a release that comes after another
+        block went to the same offset leaves that block indexed.  Returns how many went."""
+        gone = []
+        for offset, key, digest in blocks:
+            blob = self._index.get(offset.to_bytes(8, "big"))
+            if not isinstance(blob, bytes):
+                continue
+            held = _decode(offset, blob)
+            if held.key == key and held.checksum == digest:
+                gone.append(offset)
+            else:
+                log.info("kept the NVMe block %r at offset %d: a release named %r there",
+                         held.key, offset, key)  # fmt: skip
+        if gone:
+            self.forget(gone)
+        return len(gone)
 
     def load_index(self) -> list[BlockRecord]:
         """Every indexed block, as recorded (no verification)."""

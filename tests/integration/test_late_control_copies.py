@@ -21,6 +21,7 @@ from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.checksum import checksum
 from mooncake_store.common.errors import OK, AccessDeniedError
 from mooncake_store.common.wire import REQUEST, RESPONSE
+from mooncake_store.master.releases import BlockName
 from tests.conftest import FAST_MASTER, replica_list, wait_until
 from tests.integration.test_tiers import fill_and_demote, tier_cluster
 
@@ -112,7 +113,7 @@ def test_a_release_the_node_refuses_as_another_runs_is_sent_again(tmp_path):
             run = link.master_run
             link.master_run = run ^ 0x10  # the node still names the earlier run
             mover = cluster.master.server.mover
-            releases: list[dict[int, list[int]]] = []
+            releases: list[dict[int, list[tuple[int, BlockName]]]] = []
             release = mover.release
 
             async def spy(released):  # type: ignore[no-untyped-def]
@@ -121,7 +122,8 @@ def test_a_release_the_node_refuses_as_another_runs_is_sent_again(tmp_path):
 
             mover.release = spy
             assert store.remove(key)
-            wait_until(lambda: any(offset in o for r in releases for o in r.values()),
+            sent = lambda: {o for r in releases for blocks in r.values() for o, _ in blocks}  # noqa: E731
+            wait_until(lambda: offset in sent(),
                        timeout_s=20, what="the master's Release")  # fmt: skip
             time.sleep(0.5)  # its reply (refused) is in
             assert offset in {b.offset for b in node.nvme.load_index()}  # refused: kept
@@ -132,4 +134,41 @@ def test_a_release_the_node_refuses_as_another_runs_is_sent_again(tmp_path):
         cluster.start_master()  # the node mounts again with its NVMe inventory
         cluster.wait_for_nodes(1)
         with Client(cluster.master_address) as store:
+            assert not store.exists(key)
+
+
+def test_a_master_restarted_before_its_release_landed_does_not_bring_the_key_back(tmp_path):
+    """The node refuses every Release (its link names another run, as a lost mount reply
+    leaves it), the key is removed, and the master stops before any Release landed.  The next
+    run finds the release owed in RocksDB (master/releases.py) and, when the node mounts again
+    with the block still in its index, releases it instead of adopting it: before, the queue
+    lived in memory only and the removed key came back."""
+    with tier_cluster(InProcessCluster, tmp_path) as cluster:
+        node = cluster.nodes[0].server
+        link = node._link
+        with Client(cluster.master_address) as store:
+            on_nvme = fill_and_demote(cluster, store, "r")
+            key, kept = on_nvme[0], on_nvme[1]
+            offset = replica_list(cluster.master_address, key).replicas[0].offset
+            link.master_run ^= 0x10  # every Release of this run is refused from now on
+            refused: list[int] = []
+            mover = cluster.master.server.mover
+            release = mover.release
+
+            async def spy(released):  # type: ignore[no-untyped-def]
+                await release(released)
+                refused.extend(o for blocks in released.values() for o, _ in blocks)
+
+            mover.release = spy
+            assert store.remove(key)
+            wait_until(lambda: offset in refused, timeout_s=20, what="a refused Release")
+            assert offset in {b.offset for b in node.nvme.load_index()}
+        cluster.master.stop()
+        cluster.start_master()  # the node mounts again and reports the block still indexed
+        cluster.wait_for_nodes(1)
+        with Client(cluster.master_address) as store:
+            assert not store.exists(key)
+            assert store.exists(kept)
+            wait_until(lambda: offset not in {b.offset for b in node.nvme.load_index()},
+                       timeout_s=20, what="the node forgetting the removed block")  # fmt: skip
             assert not store.exists(key)

@@ -7,6 +7,7 @@ import pytest
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.master.eviction import LruPolicy
 from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.releases import BlockName
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from mooncake_store.master.tiering import TierConfig, Tiering
 
@@ -51,6 +52,11 @@ def commit(table, key, size=MiB, checksum=7):
     table.commit_put_end(key)
 
 
+def released(table):
+    """The offsets of the releases `take_released` sends now, per segment."""
+    return {sid: [offset for offset, _ in blocks] for sid, blocks in table.take_released().items()}
+
+
 def tiers(table, key):
     return sorted(table.segment(r.segment_id).tier.value for r in table.get(key).replicas)
 
@@ -86,7 +92,7 @@ def test_failed_or_stale_moves_give_the_destination_back():
     table.remove(task.key)  # removed while being copied
     assert not tiering.complete(task, ok=True)
     assert table.segment(NVME).allocator.used_bytes == 0
-    assert table.take_released() == {NVME: [0]}  # the node forgets both extents (one offset)
+    assert released(table) == {NVME: [0]}  # the node forgets both extents (one offset)
 
 
 def test_a_release_leaves_out_an_extent_allocated_again_since():
@@ -103,17 +109,17 @@ def test_a_release_leaves_out_an_extent_allocated_again_since():
     commit(table, "k4")  # DRAM above the high watermark again
     (again,) = tiering.plan()
     assert again.dst_offset == 0
-    assert table.take_released() == {}  # offset 0 is k1's copy's now
+    assert released(table) == {}  # offset 0 is k1's copy's now
     assert tiering.complete(again, ok=True)
     table.remove(again.key)
-    assert table.take_released() == {NVME: [0]}
+    assert released(table) == {NVME: [0]}
     table.release_again(NVME, [0])  # refused by the node: sent with the next ones
-    assert table.take_released() == {NVME: [0]}
+    assert released(table) == {NVME: [0]}
     commit(table, "k5")
     (third,) = tiering.plan()  # takes offset 0 while that Release is in flight
     assert third.dst_offset == 0
     table.release_again(NVME, [0])  # ... and refused
-    assert table.take_released() == {}
+    assert released(table) == {}
     table.validate()
 
 
@@ -121,16 +127,16 @@ def _three_removed_blocks_and_a_failed_move(table, tiering):
     """x0 and x1 (NVMe, at 0 and 1 MiB) removed; a 2 MiB Move down takes [0, 2 MiB), covering
     x1's offset, and fails: what the node is sent (found by review of 0c657f9)."""
     table.remove("x0")
-    sent = [table.take_released()]
+    sent = [released(table)]
     table.remove("x1")  # free NVMe: [0, 2 MiB) and [3 MiB, 8 MiB)
     commit(table, "big", size=2 * MiB)
     commit(table, "a")
     commit(table, "b")  # DRAM full: the next plan demotes "big"
     (task,) = tiering.plan()
     assert task.key == "big" and task.dst_offset == 0  # best fit: covers 1 MiB
-    sent.append(table.take_released())
+    sent.append(released(table))
     assert not tiering.complete(task, ok=False)  # the Move did not happen
-    sent.append(table.take_released())
+    sent.append(released(table))
     return {o for r in sent for o in r.get(NVME, [])}
 
 
@@ -148,10 +154,10 @@ def test_a_node_mounted_again_before_its_release_went_does_not_bring_the_key_bac
     held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
     table, _, _ = make(inventory=held)
     table.remove("x1")
-    assert table.take_released() == {NVME: [MiB]}  # sent; the node goes away before it lands
+    assert released(table) == {NVME: [MiB]}  # sent; the node goes away before it lands
     make(inventory=held, incarnation=2, table=table)  # its index: x0, x1, x2
     assert table.exists("x0") and table.exists("x2") and not table.exists("x1")
-    assert table.take_released() == {NVME: [MiB]}  # told again
+    assert released(table) == {NVME: [MiB]}  # told again
     table.validate()
 
 
@@ -163,10 +169,10 @@ def test_a_release_queued_while_its_node_is_away_waits_for_its_next_mount():
     table, _, _ = make(inventory=held)
     table.remove("x1")
     table.unmount("n", 1)
-    assert table.take_released() == {}  # nothing to send it to
+    assert released(table) == {}  # nothing to send it to
     make(inventory=held, incarnation=2, table=table)
     assert not table.exists("x1") and table.exists("x0") and table.exists("x2")
-    assert table.take_released() == {NVME: [MiB]}
+    assert released(table) == {NVME: [MiB]}
     table.validate()
 
 
@@ -174,14 +180,14 @@ def test_a_release_that_failed_as_its_node_went_away_waits_for_its_next_mount():
     held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
     table, _, _ = make(inventory=held)
     table.remove("x1")
-    sent = table.take_released()
+    sent = released(table)
     assert sent == {NVME: [MiB]}
     table.unmount("n", 1)  # gone while the Release was in flight
     table.release_again(NVME, sent[NVME])  # ... which failed
-    assert table.take_released() == {}
+    assert released(table) == {}
     make(inventory=held, incarnation=1, table=table)  # the same process mounts again
     assert not table.exists("x1")
-    assert table.take_released() == {NVME: [MiB]}
+    assert released(table) == {NVME: [MiB]}
     table.validate()
 
 
@@ -192,15 +198,75 @@ def test_a_block_removed_under_a_read_lease_is_released_when_its_node_restarts()
     table, _, clock = make(inventory=held)
     table.read("x1")  # a reader holds a lease on it
     table.remove("x1")
-    assert table.take_released() == {}  # not freed yet
+    assert released(table) == {}  # not freed yet
     make(inventory=held, incarnation=2, table=table)
     assert not table.exists("x1")
-    assert table.take_released() == {NVME: [MiB]}
+    assert released(table) == {NVME: [MiB]}
     clock.now += 6  # past the read lease
     table.heartbeat("n", 2)
     table.tick()
-    assert not table.exists("x1") and table.take_released() == {}
+    assert not table.exists("x1") and released(table) == {}
     table.validate()
+
+
+def test_a_release_names_the_block_it_removes():
+    """The node forgets an index entry only while it still holds that block there (node/nvme.py
+    `release`), so a late release cannot take a newer block at the same offset."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, _ = make(inventory=held)
+    table.remove("x1")
+    assert table.take_released() == {NVME: [(MiB, BlockName("x1", 101))]}
+
+
+def restarted(table, clock):
+    """A new master on `table`'s persisted state: its committed objects and owed releases."""
+    dirty = table.take_dirty()
+    again = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    again.restore(table.get(key) for key in list(table._slot))
+    again.releases.restore((s, o, name) for s, o, name in dirty.releases if name is not None)
+    return again
+
+
+def test_a_master_restarted_before_its_release_landed_does_not_bring_the_key_back():
+    """The release is owed in RocksDB with the delete: the new master releases the block its
+    node still lists instead of adopting it (it did, while the queue lived in memory only)."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, clock = make(inventory=held)
+    table.remove("x1")
+    assert released(table) == {NVME: [MiB]}  # sent; the master stops before the reply
+    again = restarted(table, clock)
+    make(inventory=held, incarnation=2, table=again, clock=clock)
+    assert again.exists("x0") and again.exists("x2") and not again.exists("x1")
+    assert again.take_released() == {NVME: [(MiB, BlockName("x1", 101))]}
+    again.validate()
+
+
+def test_a_block_removed_while_its_segment_is_not_back_is_released_at_its_mount():
+    """After a restart, an object whose NVMe segment has not mounted yet is removed: the mount
+    that follows releases the block rather than adopting it."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, clock = make(inventory=held)
+    again = restarted(table, clock)
+    again.remove("x1")  # its only replica lies in a segment not mounted here yet
+    assert [r[:2] for r in again.take_dirty().releases] == [(NVME, MiB)]
+    make(inventory=held, incarnation=2, table=again, clock=clock)
+    assert again.exists("x0") and not again.exists("x1")
+    assert released(again) == {NVME: [MiB]}
+    again.validate()
+
+
+def test_an_owed_release_that_the_inventory_or_a_record_contradicts_ends():
+    """At a mount, an owed release whose block the node no longer lists there ends, and so does
+    one whose block a restored object's record names (that record is the newer word)."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, _, clock = make(inventory=held)
+    again = restarted(table, clock)
+    again.releases.restore([(NVME, 0, BlockName("x0", 100)), (NVME, 2 * MiB, BlockName("x2", 9))])
+    make(inventory=held, incarnation=2, table=again, clock=clock)
+    assert again.exists("x0") and tiers(again, "x0") == ["NVME"] and again.exists("x2")
+    assert released(again) == {} and len(again.releases) == 0
+    assert sorted(r[:2] for r in again.take_dirty().releases) == [(NVME, 0), (NVME, 2 * MiB)]
+    again.validate()
 
 
 def test_corrupt_source_is_dropped():
@@ -288,7 +354,7 @@ def test_inventory_conflicting_with_a_known_object_is_released():
         node, [(SegmentInfo(node, 30, Tier.NVME, 4 * MiB), [BlockRecord("k", 0, MiB, 999)])]
     )
     assert tiers(table, "k") == ["DRAM"]  # the stale copy on "m" is not trusted
-    assert table.take_released() == {30: [0]}
+    assert released(table) == {30: [0]}
 
 
 def test_watermark_config_is_validated():
