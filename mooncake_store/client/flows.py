@@ -103,11 +103,13 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
         #: endpoint (framed_calls, grpc_calls).  Objects whose every replica failed its
         #: checksum, reported to the master for deletion (corrupt_reported).  Reads served
         #: by a copy overlapped with the lookup, and those whose copy was refused and read
-        #: again (speculative_reads, speculative_misses; client/speculative.py).
+        #: again (speculative_reads, speculative_misses; client/speculative.py).  Puts made
+        #: again from a new PutStart after the data path refused every replica (put_retries).
         self.counters: dict[str, int] = dict.fromkeys(
             ("shm_writes", "tcp_writes", "shm_reads", "tcp_reads", "checksum_failures",
              "dram_reads", "nvme_reads", "gpu_reads", "framed_calls", "grpc_calls", "leased_puts",
-             "corrupt_reported", "put_conflicts", "speculative_reads", "speculative_misses"), 0,
+             "corrupt_reported", "put_conflicts", "speculative_reads", "speculative_misses",
+             "put_retries"), 0,
         )  # fmt: skip
 
     @property

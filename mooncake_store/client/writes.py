@@ -70,6 +70,7 @@ class _Pending:
     checksum: int = 0
     device: Any = None  # a device value (flat uint8 cupy view); `parts` empty until needed
     leased: bool = False  # written into a lease (plan: the lease's extents)
+    retryable: bool = False  # every failed write of it was a data-path refusal or failure
 
     def host_parts(self) -> list[memoryview]:
         """The value in host memory: a device value is copied to the host the first time."""
@@ -208,7 +209,25 @@ class WriteFlows(LocationMemory):
     def _put_two_phase(
         self, pending: list[_Pending], committed: dict[str, int], leasing: bool
     ) -> Flow[None]:
-        """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes)."""
+        """PutStart, copy, PutEnd; once more, from a new PutStart, for the puts whose every
+        replica the data path refused or failed (a node mounted again or fenced meanwhile ends
+        the write grants it had: the master revoked them or places the put anew)."""
+        failed = yield from self._two_phase_round(pending, committed, leasing)
+        again = [p for p in failed if p.retryable]
+        if not again:
+            return
+        self.counters["put_retries"] += len(again)
+        log.info("putting %d objects again: no replica could be written (%s)",
+                 len(again), again[0].error)  # fmt: skip
+        for p in again:
+            p.plan, p.failed, p.error, p.checksum, p.retryable = None, None, None, 0, False
+        yield from self._two_phase_round(again, committed, leasing)
+
+    def _two_phase_round(
+        self, pending: list[_Pending], committed: dict[str, int], leasing: bool
+    ) -> Flow[list[_Pending]]:
+        """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes).
+        Returns the puts revoked because no replica could be written."""
         plans = yield put_start_call([p.spec for p in pending])
         for p, plan in zip(pending, plans, strict=True):
             if isinstance(plan, MooncakeError):
@@ -252,6 +271,7 @@ class WriteFlows(LocationMemory):
             yield from self._revoke([p.key for p in to_revoke])
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
+        return to_revoke
 
     def _put_leased(
         self, pending: list[_Pending], committed: dict[str, int]
@@ -302,6 +322,7 @@ class WriteFlows(LocationMemory):
                 self.counters["leased_puts"] = self.counters.get("leased_puts", 0) + 1
         for p in redo:
             p.plan, p.failed, p.error, p.checksum, p.leased = None, None, None, 0, False
+            p.retryable = False
         return redo
 
     def _copy_guard(self, loc: ReplicaLocation, *, leased: bool) -> Guard | None:
@@ -414,6 +435,9 @@ class WriteFlows(LocationMemory):
                     continue
                 assert p.failed is not None
                 p.failed.append(loc.segment_id)
+                p.retryable = (p.retryable or not p.error) and isinstance(
+                    err, (DataPathError, OSError)
+                )  # every replica refused by its node or not reached: worth a new put
                 p.error = p.error or DataPathError(
                     f"writing {p.key!r} to node {loc.node_id} failed: {err}"
                 )

@@ -212,3 +212,34 @@ def test_a_sync_client_whose_sockets_are_numbered_above_1024_works(cluster, monk
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_put_whose_grants_a_master_restart_ended_is_put_again(tmp_path):
+    """The master restarts between a put's PutStart and its write: the node, mounted again,
+    refuses the earlier run's write grant ("write grant ended") and the put fails with no
+    replica written.  The client then puts it once more from a new PutStart, on the new run,
+    instead of failing a put that a retry stores (counted in `put_retries`)."""
+    from mooncake_store.client.master_calls import MasterCall
+    from tests.conftest import FAST_MASTER
+
+    value = os.urandom(300_000)
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        assert cluster.master is not None
+        with Client(cluster.master_address, local_shm=False) as store:
+            call_master = store._master_call
+            restarted: list[str] = []
+
+            def restart_after_put_start(call: MasterCall) -> object:
+                reply = call_master(call)
+                if call.name == "BatchPutStart" and not restarted:
+                    restarted.append(call.name)
+                    cluster.master.stop()
+                    cluster.start_master()  # same port and data: the node mounts again
+                    cluster.wait_for_nodes(1)
+                    time.sleep(1.0)  # past the new mount's hold
+                return reply
+
+            store._master_call = restart_after_put_start  # type: ignore[method-assign]
+            store.put("across-a-restart", value)
+            assert restarted and store.counters["put_retries"] == 1
+            assert store.get("across-a-restart") == value
