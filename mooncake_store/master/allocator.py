@@ -113,18 +113,9 @@ class ExtentAllocator:
         """
         length = self.aligned(size_bytes)
         start, end = offset, offset + length
-        i = bisect_left(self._free_offsets, offset)
-        if (
-            offset % self.alignment
-            or offset < 0
-            or end > self.capacity_bytes
-            or (i < len(self._free_offsets) and self._free_offsets[i] < end)
-            or (
-                i > 0
-                and self._free_offsets[i - 1] + self._free_len[self._free_offsets[i - 1]] > offset
-            )
-        ):
+        if not self.holds(offset, size_bytes):
             raise KeyError(f"no extent of {length} bytes is allocated at offset {offset}")
+        i = bisect_left(self._free_offsets, offset)
         self._count -= 1
         self.used_bytes -= length
         if i < len(self._free_offsets) and self._free_offsets[i] == end:
@@ -137,6 +128,22 @@ class ExtentAllocator:
                 self._remove_free(prev)
         self._add_free(start, end - start)
         return length
+
+    def holds(self, offset: int, size_bytes: int) -> bool:
+        """Whether `free(offset, size_bytes)` would be taken: aligned, inside the segment and
+        overlapping no free space."""
+        end = offset + self.aligned(size_bytes)
+        i = bisect_left(self._free_offsets, offset)
+        return not (
+            offset % self.alignment
+            or offset < 0
+            or end > self.capacity_bytes
+            or (i < len(self._free_offsets) and self._free_offsets[i] < end)
+            or (
+                i > 0
+                and self._free_offsets[i - 1] + self._free_len[self._free_offsets[i - 1]] > offset
+            )
+        )
 
     def validate(self, allocated: Iterable[tuple[int, int]]) -> None:
         """Check the invariants (used by tests): the free extents and the `allocated` ones

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.detached import DetachedBlocks
 from mooncake_store.master.fences import HeldFree, WriteFences
 from mooncake_store.master.objects import Replica
 from mooncake_store.master.releases import BlockName, OwedReleases
@@ -43,33 +44,43 @@ class ExtentFrees(ReplicaRelocation):
     # (free at, segment generation, segment, offset, size): frees that wait for a lease
     _deferred: list[tuple[float, int, int, int, int]]
     releases: OwedReleases  # persistent-tier blocks their nodes must forget (releases.py)
+    detached: DetachedBlocks  # blocks of dropped persistent segments (detached.py)
 
     if TYPE_CHECKING:  # provided by PutLifecycle (puts.py)
 
         def _unpend(self, slot: int, replicas: Iterable[Replica]) -> None: ...
 
-    def _note_release(self, seg: Segment, offset: int, name: BlockName | None = None) -> None:
+    def _note_release(
+        self, seg: Segment, offset: int, name: BlockName | None = None, held_bytes: int = 0
+    ) -> None:
         """Tell the node (persistent tiers only) to forget the block at `offset` (`name`: the
-        block, unless a release is owed there already), which the master does not use."""
+        block, unless a release is owed there already), which the master does not use;
+        `held_bytes`: its extent, given back once the node took the release (releases.py)."""
         if seg.persistent:
-            self.releases.queue(seg.segment_id, offset, name)
+            self.releases.queue(seg.segment_id, offset, name, held_bytes)
 
     def _free_extent(
         self, seg: Segment, offset: int, size_bytes: int, name: BlockName | None = None
     ) -> None:
         """Give an allocated extent back now and tell its node (`name`: the block there, where
-        no release is owed for it yet).
+        no release is owed for it yet).  A persistent tier's extent is given back only once its
+        node took the release (`release_done`): until then the node may still index the block
+        there, and a new block at that offset would meet a late release.
 
         A free the allocator refuses (the extent is not allocated as named: a double free or a
         wrong size) is a logged no-op, never a release of someone else's space nor a failure
         of the caller (the master's tick).
         """
+        if seg.persistent:
+            if not seg.allocator.holds(offset, size_bytes):
+                self._stale("free", seg, offset, size_bytes)
+                return
+            self._note_release(seg, offset, name, size_bytes)
+            return
         try:
             seg.allocator.free(offset, size_bytes)
         except KeyError:
             self._stale("free", seg, offset, size_bytes)
-            return
-        self._note_release(seg, offset, name)
 
     def _stale(self, what: str, seg: Segment, offset: int, size_bytes: int) -> None:
         self.counters["stale_frees"] += 1
@@ -128,8 +139,14 @@ class ExtentFrees(ReplicaRelocation):
         return self.releases.take(lambda segment_id: self.mounted_segment(segment_id) is not None)  # type: ignore[attr-defined]
 
     def release_done(self, segment_id: int, offsets: list[int]) -> None:
-        """The node took these releases."""
-        self.releases.done(segment_id, offsets)
+        """The node took these releases: the extents they held are free now."""
+        freed = self.releases.done(segment_id, offsets)
+        seg = self._segments.get(segment_id)
+        for offset, size_bytes in freed if seg is not None else ():
+            try:
+                seg.allocator.free(offset, size_bytes)  # type: ignore[union-attr]
+            except KeyError:
+                self._stale("held free", seg, offset, size_bytes)  # type: ignore[arg-type]
 
     def release_again(self, segment_id: int, offsets: list[int]) -> None:
         """A release its node did not take (refused as another master run's while a mount reply
@@ -139,10 +156,9 @@ class ExtentFrees(ReplicaRelocation):
         self.releases.again(segment_id, offsets)
 
     def claim_release(self, segment_id: int, offset: int) -> None:
-        """An extent starting at `offset` was allocated again: a new block goes there, which
-        the node indexes by that offset, so a release of the old one is not sent any more (the
-        new block's own release is owed anew, if it goes).  A release of an offset that a new
-        extent only covers still goes: no block of the node starts there but the removed one."""
+        """An extent starting at `offset` was allocated: a release owed there from before this
+        mount ends (releases.py `claim`).  A release of an offset that a new extent only covers
+        still goes: no block of the node starts there but the removed one."""
         self.releases.claim(segment_id, offset)
 
     def pending_releases(self, segment_id: int) -> dict[int, BlockName]:
@@ -241,6 +257,7 @@ class ExtentFrees(ReplicaRelocation):
         if replicas:
             self._dirty[key] = True
         else:
+            self._owe_elsewhere(key)
             self._release_slot(slot)
             self._dirty[key] = False
 
@@ -259,9 +276,19 @@ class ExtentFrees(ReplicaRelocation):
         self._release_slot(slot)
         self._dirty[key] = False
 
+    def _owe_elsewhere(self, key: str) -> None:
+        """`key` goes: its blocks the records no longer name are owed releases too (copies on
+        their way into persistent segments, sent when they end; blocks of dropped persistent
+        segments, sent when those mount again)."""
+        for segment_id, offset, name in self._copies_in_flight(key):  # type: ignore[attr-defined]
+            self.releases.owe(segment_id, offset, name)
+        for segment_id, offset, name in self.detached.take(key):
+            self.releases.owe(segment_id, offset, name)
+
     def _delete(self, slot: int, free_at_s: float) -> None:
         key = self._key[slot]
         assert key is not None
+        self._owe_elsewhere(key)
         if self._state[slot] != COMPLETE:
             self._unpend(slot, self._replicas(slot))
         self._free(slot, self._replicas(slot), free_at_s)

@@ -22,7 +22,8 @@ core: no I/O, time from the table's injected clock).
 
 `Membership` is a base of `ObjectTable`: dropping a segment drops its replicas from the objects'
 columns, so both share the table's state; this module holds only the rules about nodes and
-segments, `object_table.py` and its other bases (see there) those about objects.
+segments (the matching of an inventory is in reconcile.py, its base), `object_table.py` and
+its other bases (see there) those about objects.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from typing import TYPE_CHECKING
 from mooncake_store.common.blocks import BlockRecord
 from mooncake_store.common.errors import IdentityConflictError
 from mooncake_store.master.allocator import ExtentAllocator
-from mooncake_store.master.columns import COMPLETE, PROCESSING, ObjectColumns
+from mooncake_store.master.columns import COMPLETE, PROCESSING
+from mooncake_store.master.detached import DetachedBlocks
 from mooncake_store.master.eviction import EvictionPolicy
 from mooncake_store.master.fences import WriteFences
 from mooncake_store.master.liveness import Heartbeats
-from mooncake_store.master.objects import Replica
+from mooncake_store.master.reconcile import InventoryReconciliation
 from mooncake_store.master.releases import BlockName, OwedReleases
 from mooncake_store.master.segments import (
     NodeCondition,
@@ -69,7 +71,7 @@ class TickResult:
 REMOUNT_HOLD_S = 0.5
 
 
-class Membership(ObjectColumns):
+class Membership(InventoryReconciliation):
     """Nodes, segments and liveness (see the module docstring)."""
 
     # The object table's state and helpers these rules use (defined by ObjectTable).
@@ -79,20 +81,15 @@ class Membership(ObjectColumns):
     _dirty: dict[str, bool]
     _pending: dict[str, float]
     _lease_keys: set[str]  # pending puts that are allocation leases (leases.py)
-    _moves: dict[tuple[int, int, int], tuple[int, int]]  # (segment, generation, offset) -> ...
+    _moves: dict[tuple[int, int, int], tuple[int, BlockName]]  # copies in flight (relocation)
     releases: OwedReleases  # persistent-tier blocks their nodes must forget (releases.py)
+    detached: DetachedBlocks  # blocks of dropped persistent segments (detached.py)
     draining: Collection[str]  # nodes being drained (drain.py)
     fences: WriteFences
     _fence_writes: bool
 
     if TYPE_CHECKING:
 
-        def _cache(self, slot: int, segment_id: int) -> None: ...
-        def _note_release(
-            self, seg: Segment, offset: int, name: BlockName | None = None
-        ) -> None: ...
-        def _forget_replica(self, slot: int, replica: Replica) -> None: ...
-        def _intern_fingerprint(self, fingerprint: bytes) -> bytes: ...
         def pending_releases(self, segment_id: int) -> dict[int, BlockName]: ...
 
     def __init__(
@@ -121,6 +118,11 @@ class Membership(ObjectColumns):
         # frees.py takes them out): no put is granted room there before.
         self._awaiting: set[int] = set()
         self._orphans: set[int] = set()  # restored replicas' segments not mounted yet
+        self._grace_over = False  # the restore grace ended (orphans dropped)
+        #: Persistent segments ever mounted (persisted, `new_persistent`): a release owed to one
+        #: not mounted waits for it, one owed to any other segment ends with the restore grace.
+        self.persistent_ids: set[int] = set()
+        self.new_persistent: list[int] = []  # mounted for the first time: to persist
         self._mounts = 0  # segment generations handed out (Segment.generation)
 
     def mount(
@@ -154,11 +156,12 @@ class Membership(ObjectColumns):
             return
         self._check_identity(node, [info for info, _ in segments], known, replace)
         dropped = TickResult()
+        back = {info.segment_id for info, _ in segments}  # their inventories speak for them
         if known is not None:
-            self._drop_node(node.node_id, dropped)
+            self._drop_node(node.node_id, dropped, keep=back)
         for info, _ in segments:  # defensive: no other mounted node owns one (checked above)
             if info.segment_id in self._segments:
-                self._drop_segment(info.segment_id, dropped)
+                self._drop_segment(info.segment_id, dropped, detach=False)
         state = NodeState(node)
         self._nodes[node.node_id] = state
         self.heartbeats.expect(node.node_id, node.incarnation)
@@ -181,6 +184,10 @@ class Membership(ObjectColumns):
                 restored = self._slots_in(info.segment_id)
             owed: dict[int, BlockName] = {}
             if seg.persistent:
+                if info.segment_id not in self.persistent_ids:
+                    self.persistent_ids.add(info.segment_id)
+                    self.new_persistent.append(info.segment_id)
+                self.detached.forget_segment(info.segment_id)  # removed keys' are owed already
                 owed = self.pending_releases(info.segment_id)
             else:  # owed before its tier was known (not mounted since a restart): none is
                 for offset in self.releases.at_mount(info.segment_id):
@@ -188,99 +195,6 @@ class Membership(ObjectColumns):
             self._adopt(seg, restored, inventory, owed)
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now
-
-    def _adopt(
-        self,
-        seg: Segment,
-        restored: list[int],
-        inventory: Sequence[BlockRecord] | None,
-        owed: dict[int, BlockName],
-    ) -> None:
-        """Take back the restored objects' replicas in `seg` (`restored`: their slots) that
-        its inventory vouches for, and adopt the blocks it reports that nobody knew, but for
-        those owed a release (`owed`: they left the master's records, and the node has not
-        forgotten them yet): a removed key must not come back; they are released again.  An
-        owed release the inventory no longer matches (the node does not hold that block there)
-        ends; so does one where a restored object's record vouches for that very block (the
-        record was written after the release was owed)."""
-        reported = {item.offset: item for item in inventory or ()}
-        restored_slots = set(restored) if owed else set()
-        for offset, name in owed.items():
-            item = reported.get(offset)
-            matches = inventory is None or (
-                item is not None and BlockName(item.key, item.checksum) == name
-            )
-            if not matches or self._restored_at(restored_slots, seg.segment_id, offset, name):
-                self.releases.drop(seg.segment_id, offset)
-                continue
-            reported.pop(offset, None)
-            self._note_release(seg, offset, name)
-        for slot in restored:
-            key = self._key[slot]
-            assert key is not None
-            replica = next(
-                (r for r in self._replicas(slot) if r.segment_id == seg.segment_id), None
-            )
-            if replica is None:
-                continue
-            item = reported.pop(replica.offset, None)
-            trusted = inventory is None or (
-                item is not None and item.key == key and item.checksum == self._checksum[slot]
-            )
-            if trusted and self._reserve(seg, replica.offset, self._size[slot]):
-                seg.objects += 1
-                self._cache(slot, seg.segment_id)
-                continue
-            if item is not None:  # something else lies there: adopt or release it below
-                reported[item.offset] = item
-            self._forget_replica(slot, replica)  # never reserved: nothing to free
-        for item in reported.values():  # blocks the master did not know were there
-            self._adopt_item(seg, item)
-
-    def _adopt_item(self, seg: Segment, item: BlockRecord) -> None:
-        slot = self._slot.get(item.key)
-        if slot is not None and (
-            self._state[slot] != COMPLETE
-            or self._checksum[slot] != item.checksum
-            or self._size[slot] != item.size_bytes
-            or any(r.segment_id == seg.segment_id for r in self._replicas(slot))
-        ):
-            self._note_release(seg, item.offset, BlockName(item.key, item.checksum))
-            return
-        if not self._reserve(seg, item.offset, item.size_bytes):
-            return
-        if slot is None:
-            parent = self._slot.get(item.parent_key) if item.parent_key else None
-            slot = self._new_slot(
-                item.key, item.size_bytes, COMPLETE, (), checksum=item.checksum,
-                created_s=self._clock(), fingerprint=self._intern_fingerprint(item.fingerprint),
-                parent_key=item.parent_key if parent is None else self._key[parent],  # type: ignore[arg-type]
-            )  # fmt: skip
-            self._cold_set(slot, "tag", item.tag)
-            self.counters["objects_adopted"] += 1
-        self._set_replicas(slot, (*self._replicas(slot), Replica(seg.segment_id, item.offset)))
-        seg.objects += 1
-        self._cache(slot, seg.segment_id)
-        self._dirty[item.key] = True
-
-    def _restored_at(
-        self, restored: set[int], segment_id: int, offset: int, name: BlockName
-    ) -> bool:
-        """Whether a restored object's record names the block `name` at `offset`."""
-        slot = self._slot.get(name.key)
-        return (
-            slot is not None
-            and slot in restored
-            and self._checksum[slot] == name.checksum
-            and Replica(segment_id, offset) in self._replicas(slot)
-        )
-
-    def _reserve(self, seg: Segment, offset: int, size_bytes: int) -> bool:
-        try:
-            seg.allocator.reserve(offset, size_bytes)
-            return True
-        except ValueError:  # overlaps another extent or lies outside: cannot be trusted
-            return False
 
     def identity_conflict(self, node: NodeInfo) -> NodeInfo | None:
         """The live node a mount of `node` would replace without proof that it is gone: one
@@ -440,9 +354,13 @@ class Membership(ObjectColumns):
             elif state.suspect:
                 self._revive(state)
                 result.revived_nodes.append(state.info)
-        if self._orphans and now - self._started_s > self._restore_grace_s:
+        if not self._grace_over and now - self._started_s > self._restore_grace_s:
+            self._grace_over = True
             for segment_id in list(self._orphans):
                 self._drop_segment(segment_id, result)
+            for segment_id in self.releases.segments():  # owed since the restart to segments
+                if segment_id not in self._segments and segment_id not in self.persistent_ids:
+                    self.releases.forget_segment(segment_id)  # not known persistent: DRAM
 
     def _suspect(self, state: NodeState) -> None:
         """Stop offering a silent node's segments; its replicas stay (it may come back)."""
@@ -462,15 +380,22 @@ class Membership(ObjectColumns):
             if seg is not None:
                 self._offered[segment_id] = seg
 
-    def _drop_node(self, node_id: str, result: TickResult) -> None:
+    def _drop_node(self, node_id: str, result: TickResult, keep: Collection[int] = ()) -> None:
+        """Drop a node and its segments (`keep`: those mounting again right now)."""
         state = self._nodes.pop(node_id, None)
         if state is not None:
             self.heartbeats.forget(node_id)
         for segment_id in state.segment_ids if state else ():
-            self._drop_segment(segment_id, result)
+            self._drop_segment(segment_id, result, detach=segment_id not in keep)
 
-    def _drop_segment(self, segment_id: int, result: TickResult) -> None:
+    def _drop_segment(self, segment_id: int, result: TickResult, *, detach: bool = True) -> None:
+        """Drop a segment and its replicas.  A persistent one keeps its blocks on its node:
+        they are recorded as detached (detached.py), unless `detach` is False (it mounts
+        again at once, and its inventory speaks for them)."""
         seg = self._segments.pop(segment_id, None)
+        detach = detach and (
+            seg.persistent if seg is not None else segment_id in self.persistent_ids
+        )
         self._offered.pop(segment_id, None)
         self._awaiting.discard(segment_id)
         for move in [m for m in self._moves if m[0] == segment_id]:
@@ -485,6 +410,12 @@ class Membership(ObjectColumns):
             key = self._key[slot]
             assert key is not None
             self.policy.discard(slot, segment_id, key)
+            if detach:
+                for r in self._replicas(slot):
+                    if r.segment_id == segment_id:
+                        self.detached.detach(
+                            segment_id, r.offset, BlockName(key, self._checksum[slot])
+                        )
             replicas = tuple(r for r in self._replicas(slot) if r.segment_id != segment_id)
             self._set_replicas(slot, replicas)
             self.counters["replicas_dropped"] += 1

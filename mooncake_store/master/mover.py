@@ -182,8 +182,8 @@ class NodeMover:
                     self.table.release_again(segment_id, offsets)
                 continue
             try:
-                request = pb.ReleaseRequest(
-                    segment_id=segment_id, master_run=self.master_run,
+                request = pb.ReleaseRequest(  # `offsets` for nodes that predate `blocks`
+                    segment_id=segment_id, master_run=self.master_run, offsets=offsets,
                     blocks=[pb.ReleasedBlock(offset=offset, key=name.key, checksum=name.checksum)
                             for offset, name in blocks],
                 )  # fmt: skip

@@ -5,10 +5,12 @@ statistics, identity) and the rules about objects.  Each rule lives in a module 
 a base of the table (from the bottom of the chain up):
 
 - `columns.py`: the objects' fields, stored in columns (`ObjectColumns`);
-- `membership.py`: nodes and their mounted segments (mounts, reconciliation, liveness);
+- `reconcile.py`: matching a mounting persistent segment's inventory with the records;
+- `membership.py`: nodes and their mounted segments (mounts, liveness, drops);
 - `relocation.py`: moves and copies of replicas between segments and tiers;
-- `frees.py`: giving extents back, deferred frees, frees held for a write fence, losing
-  replicas and deleting objects;
+- `frees.py`: giving extents back, deferred frees, frees held for a write fence or for a
+  node's release, losing replicas and deleting objects (with `releases.py`, the releases
+  owed to nodes for persistent blocks, and `detached.py`, the blocks of dropped ones);
 - `victims.py`: which objects may be evicted, and evicting them to make room;
 - `puts.py`: the put lifecycle (start, end, commit, revoke, pending share, owners);
 - `reads.py`: reads, read leases, existence probes;
@@ -28,7 +30,8 @@ a base of the table (from the bottom of the chain up):
 
 Methods raise MooncakeError subclasses for per-key failures; the service turns them into
 per-key statuses.  Mutations that must reach RocksDB outside the put path (evictions, moves,
-adopted blocks, dead nodes) accumulate and are drained with `take_dirty()`.
+adopted blocks, dead nodes, owed releases, detached blocks) accumulate and are drained with
+`take_dirty()`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dataclasses import dataclass, field
 from mooncake_store.common.errors import ObjectBusyError, ObjectNotFoundError
 from mooncake_store.master.columns import COMPLETE, FREE, PROCESSING
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.detached import DetachedBlocks
 from mooncake_store.master.eviction import EvictionPolicy, LruPolicy
 from mooncake_store.master.fences import WriteFences
 from mooncake_store.master.frees import FENCE_SLACK_S as FENCE_SLACK_S
@@ -80,11 +84,13 @@ class Candidates(set[str]):
 @dataclass(slots=True)
 class Dirty:
     """Mutations to persist: objects to (re)write, keys to delete, owed releases to record
-    or end (releases.py)."""
+    or end (releases.py), persistent segments to record (`Membership.persistent_ids`)."""
 
     puts: list[ObjectMeta] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     releases: list[ReleaseRecord] = field(default_factory=list)
+    segments: list[int] = field(default_factory=list)  # persistent segments mounted first
+    detached: list[ReleaseRecord] = field(default_factory=list)  # detached.py
 
 
 class ObjectTable(ObjectReads):
@@ -130,6 +136,7 @@ class ObjectTable(ObjectReads):
         self._deferred: list[tuple[float, int, int, int, int]] = []
         self._dirty: dict[str, bool] = {}  # key -> True: write it, False: delete it
         self.releases = OwedReleases()  # persistent-tier blocks their nodes must forget
+        self.detached = DetachedBlocks()  # blocks of dropped persistent segments, by key
         self.slow_keys: set[str] = set()  # read from a persistent tier only: promotion candidates
         self.read_keys: set[str] = set()  # read since the last plan: GPU promotion candidates
         self.under_replicated: Candidates = Candidates()  # lost a replica: repair candidates
@@ -204,13 +211,17 @@ class ObjectTable(ObjectReads):
 
     def releases_of(self, meta: ObjectMeta) -> list[ReleaseRecord]:
         """The releases removing the object `meta` makes owed (its replicas in persistent
-        segments, or in segments not mounted since a restart): the service persists them with
-        the delete, so no later mount adopts the removed blocks back."""
+        segments, or in segments not mounted since a restart, its copies on their way into
+        persistent segments and its blocks in dropped ones): the service persists them with the
+        delete, so no later mount adopts the removed blocks back."""
         name = BlockName(meta.key, meta.checksum)
-        return [
+        out: list[ReleaseRecord] = [
             (r.segment_id, r.offset, name) for r in meta.replicas
             if (seg := self._segments.get(r.segment_id)) is None or seg.persistent
         ]  # fmt: skip
+        out += self._copies_in_flight(meta.key)
+        out += self.detached.of_key(meta.key)
+        return out
 
     def mark_dirty(self, keys: Iterable[str]) -> None:
         """Persist these keys' current state again (after a failed metadata write)."""
@@ -260,7 +271,11 @@ class ObjectTable(ObjectReads):
     def take_dirty(self) -> Dirty:
         """Objects to (re)write, keys to delete and owed releases changed since the last call
         (drained)."""
-        out = Dirty(releases=self.releases.take_dirty())
+        out = Dirty(
+            releases=self.releases.take_dirty(), segments=self.new_persistent,
+            detached=self.detached.take_dirty(),
+        )  # fmt: skip
+        self.new_persistent = []
         for key, alive in self._dirty.items():
             slot = self._slot.get(key)
             if slot is None:
@@ -344,8 +359,13 @@ class ObjectTable(ObjectReads):
             assert seg.pending_bytes == pending.get(seg.segment_id, 0), "pending bytes"
             assert [seg.leases, seg.leased_bytes] == leased.get(seg.segment_id, [0, 0]), "leases"
             fenced = [(o, seg.allocator.aligned(n)) for o, n in self.fences.held_extents(seg)]
+            owed = [(o, seg.allocator.aligned(n)) for o, n in self.releases.held(seg.segment_id)]
             seg.allocator.validate(
-                extents + held.get(seg.segment_id, []) + moves.get(seg.segment_id, []) + fenced
+                extents
+                + held.get(seg.segment_id, [])
+                + moves.get(seg.segment_id, [])
+                + fenced
+                + owed
             )
             node = self._nodes[seg.node_id]
             assert node.info == seg.info.node

@@ -1,8 +1,10 @@
 """RocksDB persistence of committed objects, with group commit.
 
-Committed objects are stored (key `o/<object key>`), and the releases owed to nodes for
+Committed objects are stored (key `o/<object key>`), the releases owed to nodes for
 persistent-tier blocks the master let go of (key `r/<segment id><offset>`, both 8 bytes big
-endian: the block's checksum and key; master/releases.py).  Pending puts, leases, liveness and
+endian: the block's checksum and key; master/releases.py), the blocks of dropped persistent
+segments (key `d/<segment id><offset>`, the same record; master/detached.py) and the persistent
+segments ever mounted (key `s/<segment id>`, no value).  Pending puts, leases, liveness and
 allocator state are rebuilt at start-up.  One writer task gathers every mutation queued while
 the previous batch was being written and commits them as one `WriteBatch`.  What `write()`
 returning means depends on the durability mode (the master's `sync_commits` and
@@ -58,13 +60,17 @@ _HEADER = struct.Struct("<BQQdHBHHdB")
 _REPLICA = struct.Struct("<QQ")  # segment id, offset
 _VERSION = 5
 _LEGACY_VERSION = 4  # whole-object checksum: valid as is only up to CHUNK_BYTES
+_SEGMENT_PREFIX = b"s/"  # + segment id (8 bytes, big endian): a persistent segment, no value
 _RELEASE_PREFIX = b"r/"
 _RELEASE = struct.Struct("<BQ")  # version, checksum; then the key
 _RELEASE_VERSION = 1
 
 
-def _release_key(segment_id: int, offset: int) -> bytes:
-    return _RELEASE_PREFIX + segment_id.to_bytes(8, "big") + offset.to_bytes(8, "big")
+_DETACHED_PREFIX = b"d/"  # the same record: a block of a dropped persistent segment
+
+
+def _release_key(segment_id: int, offset: int, prefix: bytes = _RELEASE_PREFIX) -> bytes:
+    return prefix + segment_id.to_bytes(8, "big") + offset.to_bytes(8, "big")
 
 
 def encode_release(name: BlockName) -> bytes:
@@ -184,14 +190,28 @@ class MetadataStore:
             self._db.write(batch, self._sync)
             self.legacy_dropped = len(legacy)
 
-    def load_releases(self) -> list[tuple[int, int, BlockName]]:
+    def load_releases(self, prefix: bytes = _RELEASE_PREFIX) -> list[tuple[int, int, BlockName]]:
         """Every owed release recorded (call before serving)."""
         out = []
-        for raw_key, blob in self._db.items(from_key=_RELEASE_PREFIX):
+        for raw_key, blob in self._db.items(from_key=prefix):
             assert isinstance(raw_key, bytes) and isinstance(blob, bytes)  # raw mode
-            if not raw_key.startswith(_RELEASE_PREFIX):
+            if not raw_key.startswith(prefix):
                 break
             out.append(decode_release(raw_key, blob))
+        return out
+
+    def load_detached(self) -> list[tuple[int, int, BlockName]]:
+        """Every detached block recorded (master/detached.py; call before serving)."""
+        return self.load_releases(_DETACHED_PREFIX)
+
+    def load_segments(self) -> set[int]:
+        """The persistent segments recorded (call before serving)."""
+        out = set()
+        for raw_key in self._db.keys(from_key=_SEGMENT_PREFIX):
+            assert isinstance(raw_key, bytes)  # raw mode
+            if not raw_key.startswith(_SEGMENT_PREFIX):
+                break
+            out.add(int.from_bytes(raw_key[len(_SEGMENT_PREFIX) :], "big"))
         return out
 
     def start(self) -> None:
@@ -230,16 +250,19 @@ class MetadataStore:
         deletes: Sequence[str] = (),
         *,
         releases: Sequence[ReleaseRecord] = (),
+        segments: Sequence[int] = (),
+        detached: Sequence[ReleaseRecord] = (),
         alone: bool = False,
     ) -> None:
         """Persist the mutations before returning (fsync'd unless opened with sync=False), in
-        one batch: `releases` record owed releases (a name) or end them (None).
+        one batch: `releases` record owed releases (a name) or end them (None); `segments`
+        record persistent segments, `detached` detached blocks (as `releases`).
 
         `alone`: the caller knows nothing else is about to commit (no other put is in flight),
         so there is no group to wait for: with nothing queued, the batch is written here and
         now, which saves the writer task's wake-up and lets the framed endpoint answer inline.
         """
-        if not puts and not deletes and not releases:
+        if not (puts or deletes or releases or segments or detached):
             return
         mutations: dict[bytes, bytes | None] = {}
         for meta in puts:
@@ -248,6 +271,12 @@ class MetadataStore:
             mutations[_PREFIX + key.encode("utf-8", "surrogatepass")] = None
         for segment_id, offset, name in releases:
             mutations[_release_key(segment_id, offset)] = (
+                None if name is None else encode_release(name)
+            )
+        for segment_id in segments:
+            mutations[_SEGMENT_PREFIX + segment_id.to_bytes(8, "big")] = b""
+        for segment_id, offset, name in detached:
+            mutations[_release_key(segment_id, offset, _DETACHED_PREFIX)] = (
                 None if name is None else encode_release(name)
             )
         if alone and not self._queue and not self._closing:

@@ -27,6 +27,9 @@ from mooncake_store.master.segments import Segment
 log = logging.getLogger("mooncake.master")
 
 
+_NO_MOVE = (0, BlockName("", 0))  # a copy not in flight (any more)
+
+
 def _log_stale(key: str, dst: Segment, offset: int) -> None:
     log.info(
         "ignored the end of a copy of %r into segment %x at offset %d: that mount (generation "
@@ -46,8 +49,8 @@ class ReplicaRelocation(Membership):
 
     def __init__(self, **membership: Any) -> None:
         super().__init__(**membership)
-        # (segment, generation, offset) of a copy in flight -> its size and the block's checksum
-        self._moves: dict[tuple[int, int, int], tuple[int, int]] = {}
+        # (segment, generation, offset) of a copy in flight -> its size and the block it copies
+        self._moves: dict[tuple[int, int, int], tuple[int, BlockName]] = {}
 
     def begin_move(self, key: str, src: Segment, dst: Segment) -> tuple[Replica, int] | None:
         """Reserve an extent in `dst` for a copy of `key`'s replica in `src`; mark it moving.
@@ -68,10 +71,8 @@ class ReplicaRelocation(Membership):
         if dst.persistent:
             self.claim_release(dst.segment_id, offset)  # type: ignore[attr-defined]
         self._cold_set(slot, "moving", True)
-        self._moves[dst.segment_id, dst.generation, offset] = (
-            self._size[slot],
-            self._checksum[slot],
-        )
+        name = BlockName(key, self._checksum[slot])
+        self._moves[dst.segment_id, dst.generation, offset] = (self._size[slot], name)
         return source, offset
 
     def finish_move(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
@@ -80,7 +81,7 @@ class ReplicaRelocation(Membership):
         Returns True when the object now lives at the destination.
         """
         slot = self._slot.get(key)
-        size_bytes, digest = self._moves.pop((dst.segment_id, dst.generation, offset), (0, 0))
+        size_bytes, name = self._moves.pop((dst.segment_id, dst.generation, offset), _NO_MOVE)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         if not live_dst:
             _log_stale(key, dst, offset)
@@ -91,7 +92,7 @@ class ReplicaRelocation(Membership):
             self._cold_set(slot, "moving", False)
         if not (ok and valid and live_dst):
             if live_dst:  # the node may have indexed the copy: it forgets it
-                self._free_extent(dst, offset, size_bytes, BlockName(key, digest))
+                self._free_extent(dst, offset, size_bytes, name)
             return False
         assert slot is not None
         kept = tuple(r for r in self._replicas(slot) if r != source)
@@ -108,7 +109,7 @@ class ReplicaRelocation(Membership):
     def finish_copy(self, key: str, source: Replica, dst: Segment, offset: int, ok: bool) -> bool:
         """Add the copy as a new replica (ok) or give its extent back; True when added."""
         slot = self._slot.get(key)
-        size_bytes, digest = self._moves.pop((dst.segment_id, dst.generation, offset), (0, 0))
+        size_bytes, name = self._moves.pop((dst.segment_id, dst.generation, offset), _NO_MOVE)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
         if not live_dst:
             _log_stale(key, dst, offset)
@@ -124,7 +125,7 @@ class ReplicaRelocation(Membership):
         )
         if not (ok and valid and live_dst) or on_node:
             if live_dst:  # the node may have indexed the copy: it forgets it
-                self._free_extent(dst, offset, size_bytes, BlockName(key, digest))
+                self._free_extent(dst, offset, size_bytes, name)
             return False
         assert slot is not None
         self._set_replicas(slot, (*self._replicas(slot), Replica(dst.segment_id, offset)))
@@ -149,6 +150,18 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         if slot is not None:
             self._cold_set(slot, "hold_until_s", max(self._cold_get(slot, "hold_until_s"), until_s))
+
+    def _copies_in_flight(self, key: str) -> list[tuple[int, int, BlockName]]:
+        """(segment, offset, block) of the copies of `key` on their way into persistent
+        segments: their node may index them even if the object goes meanwhile."""
+        return [
+            (segment_id, offset, name)
+            for (segment_id, generation, offset), (_, name) in self._moves.items()
+            if name.key == key
+            and (seg := self._segments.get(segment_id)) is not None
+            and seg.generation == generation
+            and seg.persistent
+        ]
 
     def _move_extents(self) -> dict[int, list[tuple[int, int]]]:
         """Extents reserved by copies in flight, per live segment (for `validate`)."""

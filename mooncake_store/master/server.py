@@ -163,6 +163,8 @@ class MasterServer:
         self._store = open_metadata(data_dir, self.config)
         restored = self.table.restore(self._store.load())
         owed = self.table.releases.restore(self._store.load_releases())
+        self.table.persistent_ids = self._store.load_segments()
+        self.table.detached.restore(self._store.load_detached())
         freeze_long_lived()
         self._store.start()
         if restored or owed:
@@ -344,9 +346,19 @@ class MasterServer:
         copies = self.replication.plan(busy=set(self._copying))
         copies += self.drains.plan(busy=set(self._copying))  # nodes about to stop (drain.py)
         self._start(self._copying, self.mover.copy(copies, self.replication))
-        await self._servicer.persist_dirty()
+        # A release goes out only once what let its block go is durable: the records of this
+        # tick and those other tasks are writing now (a node that forgot a block its master
+        # still names after a restart would lose it).
         released = self.table.take_released()
-        if released:  # in the background: a stalled node must not hold up liveness checks
+        durable = False
+        try:
+            await self._servicer.persist_dirty()
+            durable = await self._servicer.persisted()
+        finally:
+            if not durable:  # sent at a later tick
+                for segment_id, blocks in released.items():
+                    self.table.release_again(segment_id, [offset for offset, _ in blocks])
+        if released and durable:  # in the background: a stalled node must not hold up the tick
             task = asyncio.get_running_loop().create_task(self.mover.release(released))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)

@@ -99,17 +99,33 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then
     _committing: dict[str, asyncio.Future[None]]  # key -> its commit's outcome
+    _persisting: set[asyncio.Future[None]]  # persist_dirty's metadata writes in flight
 
     async def persist_dirty(self) -> None:
         """Write what evictions, moves and adoptions changed (durable before replies).  When
         the write fails, the keys stay dirty: the next tick writes them again."""
         dirty = self.table.take_dirty()
-        if dirty.puts or dirty.deletes or dirty.releases:
+        if dirty.puts or dirty.deletes or dirty.releases or dirty.segments or dirty.detached:
+            write = asyncio.ensure_future(
+                self.store.write(puts=dirty.puts, deletes=dirty.deletes, releases=dirty.releases,
+                                 segments=dirty.segments, detached=dirty.detached)
+            )  # fmt: skip
+            self._persisting.add(write)
             try:
-                await self.store.write(
-                    puts=dirty.puts, deletes=dirty.deletes, releases=dirty.releases
-                )
-            except Exception:
+                await write
+            except BaseException:
                 self.table.mark_dirty([*(m.key for m in dirty.puts), *dirty.deletes])
                 self.table.releases.mark_dirty(dirty.releases)
+                self.table.new_persistent += dirty.segments
+                self.table.detached.mark_dirty(dirty.detached)
                 raise
+            finally:
+                self._persisting.discard(write)
+
+    async def persisted(self) -> bool:
+        """Wait for the `persist_dirty` writes in flight now; False when one failed (its
+        records are dirty again, for the next write)."""
+        writes = list(self._persisting)
+        if writes:
+            await asyncio.wait(writes)
+        return all(not w.cancelled() and w.exception() is None for w in writes)

@@ -337,10 +337,10 @@ class NodeControl(pb_grpc.NodeServiceServicer):
             return pb.Status(code=AccessDeniedError.code, message=problem)
         tier = self.nvme.get(request.segment_id)
         loop = asyncio.get_running_loop()
-        if tier is not None and request.blocks:
+        if tier is not None and request.blocks:  # `offsets` too, for nodes that predate it
             blocks = [(b.offset, b.key, b.checksum) for b in request.blocks]
             await loop.run_in_executor(self.executor, tier.release, blocks)
-        if tier is not None and request.offsets:  # an older master's: by offset alone
+        elif tier is not None and request.offsets:  # an older master's: by offset alone
             await loop.run_in_executor(self.executor, tier.forget, list(request.offsets))
         return pb.Status(code=OK)
 

@@ -123,6 +123,7 @@ class NvmeTier:
         if fresh and index_path.exists():
             Rdict.destroy(str(index_path), options)
         self._index = Rdict(str(index_path), options)
+        self._index_lock = threading.Lock()  # Move and Release run on the node's I/O threads
         self._sync = WriteOptions()
         self._sync.sync = True
         if fresh:
@@ -190,33 +191,39 @@ class NvmeTier:
         batch = WriteBatch(raw_mode=True)
         for block in blocks:
             batch.put(block.offset.to_bytes(8, "big"), _encode(block))
-        self._index.write(batch, self._sync)
+        with self._index_lock:
+            self._index.write(batch, self._sync)
 
     def forget(self, offsets: list[int]) -> None:
         """Drop the index entries at `offsets`, whatever they name."""
         batch = WriteBatch(raw_mode=True)
         for offset in offsets:
             batch.delete(offset.to_bytes(8, "big"))
-        self._index.write(batch, self._sync)
+        with self._index_lock:
+            self._index.write(batch, self._sync)
 
     def release(self, blocks: list[tuple[int, str, int]]) -> int:
         """Drop the index entries of the blocks (offset, key, checksum) the master released,
         each only while its offset still holds that block: a release that comes after another
         block went to the same offset leaves that block indexed.  Returns how many went."""
-        gone = []
-        for offset, key, digest in blocks:
-            blob = self._index.get(offset.to_bytes(8, "big"))
-            if not isinstance(blob, bytes):
-                continue
-            held = _decode(offset, blob)
-            if held.key == key and held.checksum == digest:
-                gone.append(offset)
-            else:
-                log.info("kept the NVMe block %r at offset %d: a release named %r there",
-                         held.key, offset, key)  # fmt: skip
-        if gone:
-            self.forget(gone)
-        return len(gone)
+        batch = WriteBatch(raw_mode=True)
+        gone = 0
+        with self._index_lock:  # no Move indexes a block between the check and the delete
+            for offset, key, digest in blocks:
+                raw = offset.to_bytes(8, "big")
+                blob = self._index.get(raw)
+                if not isinstance(blob, bytes):
+                    continue
+                held = _decode(offset, blob)
+                if held.key == key and held.checksum == digest:
+                    batch.delete(raw)
+                    gone += 1
+                else:
+                    log.info("kept the NVMe block %r at offset %d: a release named %r there",
+                             held.key, offset, key)  # fmt: skip
+            if gone:
+                self._index.write(batch, self._sync)
+        return gone
 
     def load_index(self) -> list[BlockRecord]:
         """Every indexed block, as recorded (no verification)."""

@@ -12,6 +12,7 @@ from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.releases import BlockName, OwedReleases
 
 SEG, OTHER = 7, 8
+MiB = 1 << 20
 A, B = BlockName("a", 1), BlockName("b", 2)
 
 
@@ -125,3 +126,174 @@ def test_a_node_forgets_only_the_block_a_release_names(tmp_path):
     assert tier.release([(0, "new", 4), (0, "old", 5), (8192, "old", 6), (4096, "x", 1)]) == 1
     assert [(b.key, b.offset) for b in tier.load_index()] == [("new", 0)]
     tier.close()
+
+
+def test_a_reply_after_the_offset_was_claimed_ends_nothing():
+    """A's release is in flight; the offset is claimed (a release owed from before the mount
+    held no extent) and B owed there: A's reply neither fails nor ends B's release (found by
+    review of 23631a0: a KeyError, or the removed B came back)."""
+    owed = OwedReleases()
+    owed.queue(SEG, 0, A)
+    assert owed.take(mounted) == {SEG: [(0, A)]}
+    owed.claim(SEG, 0)
+    owed.done(SEG, [0])  # A's reply: nothing owed there any more
+    owed.queue(SEG, 0, A)
+    assert owed.take(mounted) == {SEG: [(0, A)]}
+    owed.claim(SEG, 0)
+    owed.owe(SEG, 0, B)  # a block moved there, removed under a read lease
+    assert owed.done(SEG, [0]) == [] and owed.owed(SEG, 0) == B
+    owed.queue(SEG, 0, held_bytes=4096)  # the lease ended
+    assert owed.take(mounted) == {SEG: [(0, B)]}
+    assert owed.done(SEG, [0]) == [(0, 4096)] and len(owed) == 0
+
+
+def test_an_extent_is_held_until_its_release_is_answered():
+    owed = OwedReleases()
+    owed.queue(SEG, 0, A, held_bytes=8192)
+    assert owed.held(SEG) == [(0, 8192)]
+    assert owed.take(mounted) == {SEG: [(0, A)]}
+    owed.again(SEG, [0])  # refused: still held
+    assert owed.held(SEG) == [(0, 8192)]
+    owed.take(mounted)
+    assert owed.done(SEG, [0]) == [(0, 8192)] and owed.held(SEG) == []
+
+
+def test_releases_owed_to_a_segment_that_is_not_persistent_can_be_ended_at_once():
+    owed = OwedReleases()
+    owed.owe(SEG, 0, A)
+    owed.owe(SEG, 4096, B)
+    owed.take_dirty()
+    owed.forget_segment(SEG)
+    assert len(owed) == 0 and owed.segments() == []
+    assert sorted(owed.take_dirty()) == [(SEG, 0, None), (SEG, 4096, None)]
+
+
+def test_detached_blocks_become_owed_releases_only_when_their_key_goes(tmp_path):
+    from mooncake_store.master.detached import DetachedBlocks
+
+    detached = DetachedBlocks()
+    detached.detach(SEG, 0, A)
+    detached.detach(OTHER, 0, A)
+    detached.detach(SEG, 4096, B)
+    assert detached.of_key("a") == [(SEG, 0, A), (OTHER, 0, A)]
+    detached.forget_segment(OTHER)  # mounted again: its inventory speaks for it
+    assert detached.take("a") == [(SEG, 0, A)] and detached.of_key("a") == []
+    assert len(detached) == 1
+    records = detached.take_dirty()
+    assert sorted(records) == [(SEG, 0, None), (SEG, 4096, B), (OTHER, 0, None)]
+
+    async def run() -> list[tuple[int, int, BlockName]]:
+        store = MetadataStore(tmp_path / "db")
+        store.start()
+        await store.write(detached=records, releases=[(SEG, 0, A)])
+        await store.close()
+        return MetadataStore(tmp_path / "db").load_detached()
+
+    again = DetachedBlocks()
+    assert again.restore(asyncio.run(run())) == 1 and again.of_key("b") == [(SEG, 4096, B)]
+
+
+def test_a_node_release_racing_a_move_to_the_same_offset_keeps_the_new_block(tmp_path):
+    """Release and Move run on the node's I/O threads: a Move that indexes a new block at the
+    offset between the release's check and its delete must keep it (found by review of
+    23631a0).  The check is slowed on purpose; the Move runs in another thread meanwhile."""
+    import threading
+    import time
+
+    from mooncake_store.common.blocks import BlockRecord
+    from mooncake_store.node.nvme import NvmeTier
+
+    tier = NvmeTier(tmp_path, 1 << 20)
+    tier.index([BlockRecord("old", 0, 4096, 6)])
+    real = tier._index
+    checked = threading.Event()
+
+    class SlowIndex:  # the RocksDB handle, its reads slowed
+        def get(self, raw):  # type: ignore[no-untyped-def]
+            out = real.get(raw)
+            checked.set()
+            time.sleep(0.3)
+            return out
+
+        def write(self, batch, options):  # type: ignore[no-untyped-def]
+            return real.write(batch, options)
+
+    tier._index = SlowIndex()
+    mover = threading.Thread(
+        target=lambda: (checked.wait(5), tier.index([BlockRecord("new", 0, 4096, 9)]))
+    )
+    mover.start()
+    tier.release([(0, "old", 6)])
+    mover.join(10)
+    tier._index = real
+    assert [(b.key, b.offset) for b in tier.load_index()] == [("new", 0)]
+    tier.close()
+
+
+def test_the_tick_sends_no_release_before_what_let_its_block_go_is_durable(tmp_path):
+    """A promotion ended: its NVMe source is released and the object's record (now naming the
+    DRAM copy) is dirty.  Another task's metadata write took that record and is still on its
+    way to the disk (slowed here) when the tick runs: the tick must not send the release yet,
+    or a master stopped before the write lands restores the object at an NVMe offset its node
+    has forgotten (review of 23631a0).  Once the write is in, the next tick sends it."""
+    from mooncake_store.common.blocks import BlockRecord
+    from mooncake_store.master.config import MasterConfig
+    from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
+    from mooncake_store.master.server import MasterServer
+
+    async def run() -> tuple[list[int], list[int], int]:
+        server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off"))
+        await server.start()
+        try:
+            table, store = server.table, server._store
+            # The node is mounted straight on the table: the planners, fences and Release
+            # calls that would reach it are left out (only the tick's order is under test).
+            server.tiering.plan = lambda busy=(): []  # type: ignore[method-assign]
+            server.replication.plan = lambda busy=(): []  # type: ignore[method-assign]
+            server.drains.plan = lambda busy=(), budget=32: []  # type: ignore[method-assign]
+            server._first_fences = lambda *a, **k: []  # type: ignore[method-assign]
+            table.take_fences = lambda: []  # type: ignore[method-assign]
+            node = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
+            table.mount(node, [(SegmentInfo(node, 10, Tier.DRAM, 8 * MiB), None),
+                               (SegmentInfo(node, SEG, Tier.NVME, 8 * MiB),
+                                [BlockRecord("k", 0, MiB, 5)])])  # fmt: skip
+            await server._servicer.persist_dirty()
+            nvme, dram = table.mounted_segment(SEG), table.mounted_segment(10)
+            source, offset = table.begin_move("k", nvme, dram)
+            assert table.finish_move("k", source, dram, offset, ok=True)
+
+            gate = asyncio.Event()
+            landed: list[int] = []
+            write = store.write
+
+            async def slow_write(*args, **kwargs):  # type: ignore[no-untyped-def]
+                await gate.wait()  # a slow disk
+                await write(*args, **kwargs)
+                landed.append(1)
+
+            store.write = slow_write  # type: ignore[method-assign]
+            sent: list[int] = []
+
+            async def spy(released):  # type: ignore[no-untyped-def]
+                sent.append(len(landed))
+                for segment_id, blocks in released.items():
+                    table.release_done(segment_id, [o for o, _ in blocks])
+
+            server.mover.release = spy  # type: ignore[method-assign]
+            moved = asyncio.create_task(server._servicer.persist_dirty())  # the move's task
+            await asyncio.sleep(0)
+            tick = asyncio.create_task(server._tick())
+            await asyncio.sleep(0.2)
+            before = list(sent)
+            gate.set()
+            await moved
+            await tick
+            await server._tick()
+            await asyncio.sleep(0.05)
+            return before, sent, len(landed)
+        finally:
+            await server.stop()
+
+    before, sent, landed = asyncio.run(run())
+    assert before == []  # nothing went out while the record was on its way
+    assert sent and all(written >= 1 for written in sent) and landed >= 1

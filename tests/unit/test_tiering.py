@@ -52,6 +52,25 @@ def commit(table, key, size=MiB, checksum=7):
     table.commit_put_end(key)
 
 
+class NodeIndex:
+    """A node's NVMe index as node/nvme.py `release` treats it: a release forgets the entry at
+    its offset only while it names that block; every release sent is answered OK."""
+
+    def __init__(self, blocks=()):
+        self.blocks = {b.offset: b for b in blocks}
+
+    def deliver(self, table):
+        for segment_id, blocks in table.take_released().items():
+            for offset, name in blocks:
+                held = self.blocks.get(offset)
+                if held is not None and (held.key, held.checksum) == tuple(name):
+                    del self.blocks[offset]
+            table.release_done(segment_id, [offset for offset, _ in blocks])
+
+    def inventory(self):
+        return list(self.blocks.values())
+
+
 def released(table):
     """The offsets of the releases `take_released` sends now, per segment."""
     return {sid: [offset for offset, _ in blocks] for sid, blocks in table.take_released().items()}
@@ -82,69 +101,65 @@ def test_dram_above_high_watermark_demotes_lowest_value_blocks():
 
 
 def test_failed_or_stale_moves_give_the_destination_back():
+    """Once the node took the release of the copy (it may have indexed it): a persistent
+    extent is given back only then."""
     table, tiering, _ = make()
     for i in range(4):
         commit(table, f"k{i}")
     (task,) = tiering.plan()
     assert not tiering.complete(task, ok=False)
-    assert tiers(table, "k0") == ["DRAM"] and table.segment(NVME).allocator.used_bytes == 0
+    assert tiers(table, "k0") == ["DRAM"] and table.segment(NVME).allocator.used_bytes == MiB
+    table.validate()
+    NodeIndex().deliver(table)
+    assert table.segment(NVME).allocator.used_bytes == 0
     (task,) = tiering.plan()
     table.remove(task.key)  # removed while being copied
     assert not tiering.complete(task, ok=True)
+    assert released(table) == {NVME: [0]}  # the node forgets the copy
+    table.release_done(NVME, [0])
     assert table.segment(NVME).allocator.used_bytes == 0
-    assert released(table) == {NVME: [0]}  # the node forgets both extents (one offset)
+    table.validate()
 
 
-def test_a_release_leaves_out_an_extent_allocated_again_since():
-    """A Release never names an offset where a Move down started a new extent since the free:
-    the node indexes that new block by the same offset and must not forget it (the new
-    extent's own free sends one).  One refused by the node (release_again) follows the same
-    rule while it waits to be sent again, and while it is in flight."""
+def test_no_block_goes_to_an_offset_whose_release_is_unanswered():
+    """A release that reaches the node late must never meet a newer block at its offset: the
+    extent stays allocated until the node answered (found by review of 23631a0: a Move into
+    the offset that failed left the removed block indexed, and it came back)."""
     table, tiering, _ = make()
     for i in range(4):
         commit(table, f"k{i}")
     (task,) = tiering.plan()
     assert tiering.complete(task, ok=True) and tiers(table, "k0") == ["NVME"]
-    table.remove("k0")  # its NVMe extent at 0 is free again
+    table.remove("k0")  # its NVMe extent at 0: released, not yet answered
     commit(table, "k4")  # DRAM above the high watermark again
     (again,) = tiering.plan()
-    assert again.dst_offset == 0
-    assert released(table) == {}  # offset 0 is k1's copy's now
+    assert again.dst_offset == MiB  # not 0
+    table.release_again(NVME, [])  # nothing sent yet: nothing changes
+    assert released(table) == {NVME: [0]}
+    table.release_again(NVME, [0])  # refused: still held, sent again
+    assert released(table) == {NVME: [0]}
+    table.release_done(NVME, [0])
     assert tiering.complete(again, ok=True)
-    table.remove(again.key)
-    assert released(table) == {NVME: [0]}
-    table.release_again(NVME, [0])  # refused by the node: sent with the next ones
-    assert released(table) == {NVME: [0]}
     commit(table, "k5")
-    (third,) = tiering.plan()  # takes offset 0 while that Release is in flight
-    assert third.dst_offset == 0
-    table.release_again(NVME, [0])  # ... and refused
-    assert released(table) == {}
+    (third,) = tiering.plan()
+    assert third.dst_offset == 0  # answered: free again
     table.validate()
 
 
-def _three_removed_blocks_and_a_failed_move(table, tiering):
-    """x0 and x1 (NVMe, at 0 and 1 MiB) removed; a 2 MiB Move down takes [0, 2 MiB), covering
-    x1's offset, and fails: what the node is sent (found by review of 0c657f9)."""
-    table.remove("x0")
-    sent = [released(table)]
-    table.remove("x1")  # free NVMe: [0, 2 MiB) and [3 MiB, 8 MiB)
-    commit(table, "big", size=2 * MiB)
-    commit(table, "a")
-    commit(table, "b")  # DRAM full: the next plan demotes "big"
-    (task,) = tiering.plan()
-    assert task.key == "big" and task.dst_offset == 0  # best fit: covers 1 MiB
-    sent.append(released(table))
-    assert not tiering.complete(task, ok=False)  # the Move did not happen
-    sent.append(released(table))
-    return {o for r in sent for o in r.get(NVME, [])}
-
-
-def test_a_release_is_sent_for_an_offset_a_new_extent_only_covers():
+def test_a_failed_move_into_a_released_offset_leaves_nothing_indexed():
     held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
-    table, tiering, _ = make(inventory=held)
-    named = _three_removed_blocks_and_a_failed_move(table, tiering)
-    assert named == {0, MiB}  # no block of the node starts at 1 MiB but x1: it goes
+    table, tiering, clock = make(inventory=held)
+    node = NodeIndex(held)
+    table.remove("x0")
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()
+    assert task.dst_offset != 0
+    assert not tiering.complete(task, ok=False)  # node error or timeout before indexing
+    node.deliver(table)
+    assert 0 not in node.blocks
+    make(inventory=node.inventory(), incarnation=2, table=table, clock=clock)
+    assert not table.exists("x0")
     table.validate()
 
 
@@ -224,6 +239,8 @@ def restarted(table, clock):
     again = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
     again.restore(table.get(key) for key in list(table._slot))
     again.releases.restore((s, o, name) for s, o, name in dirty.releases if name is not None)
+    again.detached.restore((s, o, name) for s, o, name in dirty.detached if name is not None)
+    again.persistent_ids = set(table.persistent_ids)
     return again
 
 
@@ -269,6 +286,129 @@ def test_an_owed_release_that_the_inventory_or_a_record_contradicts_ends():
     again.validate()
 
 
+def test_a_key_removed_under_a_read_lease_after_a_release_in_flight_stays_removed():
+    """x0's release is in flight when k0 goes down to NVMe and is removed under a read lease:
+    the late answer to x0's release must not end k0's (review of 23631a0)."""
+    held = [BlockRecord(f"x{i}", i * MiB, MiB, 100 + i) for i in range(3)]
+    table, tiering, clock = make(inventory=held)
+    node = NodeIndex(held)
+    table.remove("x0")
+    in_flight = table.take_released()
+    assert in_flight == {NVME: [(0, BlockName("x0", 100))]}
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()
+    assert tiering.complete(task, ok=True)
+    node.blocks[task.dst_offset] = BlockRecord("k0", task.dst_offset, MiB, 7)  # the Move
+    table.read("k0")
+    table.remove("k0")
+    del node.blocks[0]
+    table.release_done(NVME, [0])  # x0's late answer
+    clock.now += 10
+    table.heartbeat("n", 1)
+    table.tick()  # the read lease ended
+    node.deliver(table)
+    make(inventory=node.inventory(), incarnation=2, table=table, clock=clock)
+    assert not table.exists("k0") and not table.exists("x0")
+    table.validate()
+
+
+def test_a_key_removed_while_its_move_down_is_in_flight_stays_removed_after_a_restart():
+    """The remove's records name the copy on its way into NVMe (review of 23631a0: the node
+    finished the Move, the master restarted before the copy's release was recorded, and the
+    next run adopted the removed key)."""
+    table, tiering, clock = make()
+    for i in range(4):
+        commit(table, f"k{i}")
+    (task,) = tiering.plan()  # k0: DRAM -> NVMe, in flight
+    durable = table.releases_of(table.check_removable("k0"))  # written with the delete
+    table.remove("k0")
+    again = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    again.restore(table.get(k) for k in ("k1", "k2", "k3"))
+    again.releases.restore(r for r in durable if r[2] is not None)
+    make(inventory=[BlockRecord("k0", task.dst_offset, MiB, 7)], incarnation=2, table=again,
+         clock=clock)  # fmt: skip
+    assert not again.exists("k0")
+    assert released(again) == {NVME: [task.dst_offset]}
+    assert not tiering.complete(task, ok=True)  # the first run's copy ends: released too
+    assert table.releases.owed(NVME, task.dst_offset) == BlockName("k0", 7)
+
+
+def two_nodes(clock):
+    """K on n's NVMe (adopted from its inventory) and copied to m's DRAM."""
+    table = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    n = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
+    block = BlockRecord("K", 0, MiB, 5)
+    table.mount(n, [(SegmentInfo(n, NVME, Tier.NVME, 8 * MiB), [block])])
+    m = NodeInfo("m", 1, "m:data", "shm", "m:control", b"k" * 32)
+    table.mount(m, [(SegmentInfo(m, 30, Tier.DRAM, 8 * MiB), None)])
+    source, offset = table.begin_move("K", table.segment(NVME), table.segment(30))
+    assert table.finish_copy("K", source, table.segment(30), offset, ok=True)
+    return table, block
+
+
+def back(table, block, incarnation=2):
+    n = NodeInfo("n", incarnation, "n:data", "shm", "n:control", b"k" * 32)
+    table.mount(n, [(SegmentInfo(n, NVME, Tier.NVME, 8 * MiB), [block])])
+
+
+def test_a_key_removed_while_its_nvme_node_was_dropped_does_not_come_back():
+    """The node is dropped (unmounted; a silent node's expiry is the same path) while K lives
+    on in DRAM; K is removed; the node mounts again with K still indexed: released, not
+    adopted (review of 23631a0).  Not removed, K takes its NVMe copy back as a replica."""
+    clock = Clock()
+    table, block = two_nodes(clock)
+    table.unmount("n", 1)
+    assert table.detached.of_key("K") == [(NVME, 0, BlockName("K", 5))]
+    table.remove("K")
+    back(table, block)
+    assert not table.exists("K")
+    assert released(table) == {NVME: [0]}
+    table.validate()
+
+    table, block = two_nodes(clock)
+    table.unmount("n", 1)
+    back(table, block)
+    assert tiers(table, "K") == ["DRAM", "NVME"] and len(table.detached) == 0
+    table.validate()
+
+
+def test_a_key_removed_while_its_nvme_node_was_dropped_stays_removed_across_a_restart():
+    clock = Clock()
+    table, block = two_nodes(clock)
+    table.unmount("n", 1)
+    again = restarted(table, clock)
+    again.remove("K")
+    back(again, block)
+    assert not again.exists("K") and released(again) == {NVME: [0]}
+
+
+def test_releases_owed_to_a_dram_segment_that_never_comes_back_end_with_the_restore_grace():
+    """After a restart a key whose replica lies in a DRAM segment not mounted yet is removed:
+    a release is owed, as the segment's tier is not known.  A restarted node's DRAM segment
+    never mounts again (its id is new): the record ends when the restore grace does (review
+    of 23631a0).  One owed to a known NVMe segment waits for it."""
+    table, _, clock = make()
+    commit(table, "k")
+    held = [BlockRecord("x", 0, MiB, 9)]
+    node = NodeInfo("p", 1, "p:data", "shm", "p:control", b"k" * 32)
+    table.mount(node, [(SegmentInfo(node, 40, Tier.NVME, 8 * MiB), held)])
+    again = restarted(table, clock)
+    again.persistent_ids = {NVME, 40}  # as persisted (persistence.py `s/` records)
+    again.remove("k")
+    again.remove("x")
+    assert sorted(r[:2] for r in again.take_dirty().releases) == [(10, 0), (40, 0)]
+    n = NodeInfo("n", 2, "n:data", "shm", "n:control", b"k" * 32)
+    again.mount(n, [(SegmentInfo(n, 11, Tier.DRAM, 4 * MiB), None),
+                    (SegmentInfo(n, NVME, Tier.NVME, 8 * MiB), [])])  # fmt: skip
+    clock.now += TableConfig().restore_grace_s + 1
+    again.heartbeat("n", 2)
+    again.tick()
+    assert again.releases.segments() == [40]
+    again.mount(node, [(SegmentInfo(node, 40, Tier.NVME, 8 * MiB), held)])
+    assert not again.exists("x") and released(again) == {40: [0]}
+
+
 def test_corrupt_source_is_dropped():
     table, tiering, _ = make()
     for i in range(4):
@@ -310,6 +450,7 @@ def test_full_nvme_drops_its_lowest_value_blocks():
         commit(table, f"k{i}")
         for task in tiering.plan():
             tiering.complete(task, ok=True)
+        NodeIndex().deliver(table)  # the tick's releases, answered
     nvme = table.segment(NVME)
     assert nvme.fill <= 0.9
     assert tiering.counters["nvme_drops"] + table.counters["evictions"] > 0
