@@ -51,6 +51,7 @@ from mooncake_store.common.errors import (
     InvalidArgumentError,
     InvalidValueError,
     MooncakeError,
+    ObjectBusyError,
     ObjectConflictError,
 )
 from mooncake_store.common.keys import validate_key
@@ -219,9 +220,13 @@ class WriteFlows(LocationMemory):
         self.counters["put_retries"] += len(again)
         log.info("putting %d objects again: no replica could be written (%s)",
                  len(again), again[0].error)  # fmt: skip
+        first = [p.error for p in again]
         for p in again:
             p.plan, p.failed, p.error, p.checksum, p.retryable = None, None, None, 0, False
         yield from self._two_phase_round(again, committed, leasing)
+        for p, error in zip(again, first, strict=True):
+            if isinstance(p.error, ObjectBusyError):  # the first round's revoke did not land:
+                p.error = error  # why the put failed is the data path's error
 
     def _two_phase_round(
         self, pending: list[_Pending], committed: dict[str, int], leasing: bool

@@ -5,7 +5,9 @@ replicas out of the master's records, but its persistent (NVMe) tier keeps the b
 when it mounts again the master adopts those its inventory reports (membership.py).  That is
 wanted for a block whose key lives on or was lost with the node; but a key *removed* while the
 node was away must not come back.  So the master keeps, per key, the blocks that dropped
-segments held (`detach`).  Removing or evicting the key makes them owed releases (`take`,
+segments held (`detach`), and likewise each copy on its way into a persistent segment (from
+before the Move or Fetch is sent until it ends: relocation.py), which a node may index though
+no record names it yet.  Removing or evicting the key makes them owed releases (`take`,
 releases.py), and a mount of the segment ends its detached blocks (`forget_segment`): from
 then on its inventory speaks for them.
 
@@ -54,6 +56,11 @@ class DetachedBlocks(RecordChanges):
         for segment_id, offset, _ in out:
             self._end(segment_id, offset)
         return out
+
+    def discard(self, segment_id: int, offset: int) -> None:
+        """The records name the block at `offset` now, or its release is owed: not detached."""
+        if offset in self._by_segment.get(segment_id, {}):
+            self._end(segment_id, offset)
 
     def forget_segment(self, segment_id: int) -> None:
         """`segment_id` mounts again: its inventory speaks for its blocks now."""

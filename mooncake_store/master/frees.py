@@ -75,7 +75,7 @@ class ExtentFrees(ReplicaRelocation):
             if not seg.allocator.holds(offset, size_bytes):
                 self._stale("free", seg, offset, size_bytes)
                 return
-            self._note_release(seg, offset, name, size_bytes)
+            self._note_release(seg, offset, name, seg.allocator.aligned(size_bytes))
             return
         try:
             seg.allocator.free(offset, size_bytes)
@@ -138,8 +138,20 @@ class ExtentFrees(ReplicaRelocation):
         for its next mount, whose inventory still lists them (`pending_releases`)."""
         return self.releases.take(lambda segment_id: self.mounted_segment(segment_id) is not None)  # type: ignore[attr-defined]
 
-    def release_done(self, segment_id: int, offsets: list[int]) -> None:
-        """The node took these releases: the extents they held are free now."""
+    def _answers_this_mount(self, segment_id: int, generation: int | None) -> bool:
+        """Whether an answer to releases sent to the mount `generation` (None: not known) is
+        for the segment's mount now; one for an earlier mount is ignored (that mount's
+        releases were checked again against the new mount's inventory)."""
+        seg = self._segments.get(segment_id)
+        return generation is None or (seg is not None and seg.generation == generation)
+
+    def release_done(
+        self, segment_id: int, offsets: list[int], generation: int | None = None
+    ) -> None:
+        """The node took these releases (sent to the mount `generation`): the extents they
+        held are free now."""
+        if not self._answers_this_mount(segment_id, generation):
+            return
         freed = self.releases.done(segment_id, offsets)
         seg = self._segments.get(segment_id)
         for offset, size_bytes in freed if seg is not None else ():
@@ -148,12 +160,15 @@ class ExtentFrees(ReplicaRelocation):
             except KeyError:
                 self._stale("held free", seg, offset, size_bytes)  # type: ignore[arg-type]
 
-    def release_again(self, segment_id: int, offsets: list[int]) -> None:
+    def release_again(
+        self, segment_id: int, offsets: list[int], generation: int | None = None
+    ) -> None:
         """A release its node did not take (refused as another master run's while a mount reply
         is on its way or lost, or not delivered): sent again with the next ones, unless a Move
         down took the offset since (`claim_release`).  Dropped, a removed key would come back
         with the node's next inventory (membership.py adopts what a node holds)."""
-        self.releases.again(segment_id, offsets)
+        if self._answers_this_mount(segment_id, generation):
+            self.releases.again(segment_id, offsets)
 
     def claim_release(self, segment_id: int, offset: int) -> None:
         """An extent starting at `offset` was allocated: a release owed there from before this
@@ -170,6 +185,11 @@ class ExtentFrees(ReplicaRelocation):
             self._deferred = [d for d in self._deferred if d[2] != segment_id]
             heapq.heapify(self._deferred)
         return self.releases.at_mount(segment_id)
+
+    def releasing_bytes(self, seg: Segment) -> int:
+        """Bytes of persistent `seg` held until its node answers their Release: free at the
+        next tick, as far as making room goes (nothing more is evicted for them)."""
+        return self.releases.held_bytes(seg.segment_id)
 
     def room_after_fence(self) -> int:
         """Bytes that the nodes' next write fence frees in the segments offered to puts (the
@@ -277,11 +297,9 @@ class ExtentFrees(ReplicaRelocation):
         self._dirty[key] = False
 
     def _owe_elsewhere(self, key: str) -> None:
-        """`key` goes: its blocks the records no longer name are owed releases too (copies on
-        their way into persistent segments, sent when they end; blocks of dropped persistent
-        segments, sent when those mount again)."""
-        for segment_id, offset, name in self._copies_in_flight(key):  # type: ignore[attr-defined]
-            self.releases.owe(segment_id, offset, name)
+        """`key` goes: its blocks no record names are owed releases too (detached.py: copies
+        on their way into persistent segments, sent when they end; blocks of dropped
+        persistent segments, sent when those mount again)."""
         for segment_id, offset, name in self.detached.take(key):
             self.releases.owe(segment_id, offset, name)
 
@@ -289,9 +307,13 @@ class ExtentFrees(ReplicaRelocation):
         key = self._key[slot]
         assert key is not None
         self._owe_elsewhere(key)
-        if self._state[slot] != COMPLETE:
+        committed = self._state[slot] == COMPLETE
+        if not committed:
             self._unpend(slot, self._replicas(slot))
         self._free(slot, self._replicas(slot), free_at_s)
         self._release_slot(slot)
         self._pending.pop(key, None)
-        self._dirty.pop(key, None)
+        if committed:  # deleted again: a write of its record may have landed after the caller's
+            self._dirty[key] = False  # delete (a move or adoption ended while it was written)
+        else:
+            self._dirty.pop(key, None)

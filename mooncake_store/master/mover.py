@@ -179,8 +179,9 @@ class NodeMover:
             stub = self._stub(seg.node_id) if seg is not None else None
             if stub is None:  # unmounted: its next mount reconciles (frees.py pending_releases)
                 if seg is not None:
-                    self.table.release_again(segment_id, offsets)
+                    self.table.release_again(segment_id, offsets, seg.generation)
                 continue
+            generation = seg.generation  # type: ignore[union-attr]  # the mount answering
             try:
                 request = pb.ReleaseRequest(  # `offsets` for nodes that predate `blocks`
                     segment_id=segment_id, master_run=self.master_run, offsets=offsets,
@@ -196,10 +197,10 @@ class NodeMover:
             node_id = seg.node_id  # type: ignore[union-attr]
             if problem:  # sent again at the next tick (unless allocated again meanwhile)
                 self._release_warnings.warn(node_id, "release on node %s %s", node_id, problem)
-                self.table.release_again(segment_id, offsets)
+                self.table.release_again(segment_id, offsets, generation)
             else:
                 self._release_warnings.clear(node_id)
-                self.table.release_done(segment_id, offsets)
+                self.table.release_done(segment_id, offsets, generation)
 
     async def fence(
         self, fences: list[tuple[Segment, int, frozenset[int]]], timeout_s: float = 5.0

@@ -219,7 +219,6 @@ class ObjectTable(ObjectReads):
             (r.segment_id, r.offset, name) for r in meta.replicas
             if (seg := self._segments.get(r.segment_id)) is None or seg.persistent
         ]  # fmt: skip
-        out += self._copies_in_flight(meta.key)
         out += self.detached.of_key(meta.key)
         return out
 
@@ -227,6 +226,18 @@ class ObjectTable(ObjectReads):
         """Persist these keys' current state again (after a failed metadata write)."""
         for key in keys:
             self._dirty[key] = key in self._slot
+
+    def removed_meanwhile(self, key: str) -> None:
+        """A remove of `key` was persisted, but the object went meanwhile (lost with its last
+        node): its blocks no record names (detached.py) are owed releases all the same, so the
+        acknowledged remove holds when that node comes back.  A key stored again is left be."""
+        if key not in self._slot:
+            self._owe_elsewhere(key)
+
+    def restore_persistent(self, segment_ids: set[int]) -> None:
+        """Load the persistent segments ever mounted (at start-up).  A data directory written
+        before they were recorded names none: the segments owed releases stand in."""
+        self.persistent_ids = set(segment_ids) or set(self.releases.segments())
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.
@@ -271,6 +282,9 @@ class ObjectTable(ObjectReads):
     def take_dirty(self) -> Dirty:
         """Objects to (re)write, keys to delete and owed releases changed since the last call
         (drained)."""
+        if not (self._dirty or self.releases.changed or self.detached.changed
+                or self.new_persistent):  # fmt: skip
+            return Dirty()  # the common case (every PutStart asks): nothing to build
         out = Dirty(
             releases=self.releases.take_dirty(), segments=self.new_persistent,
             detached=self.detached.take_dirty(),

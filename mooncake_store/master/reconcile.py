@@ -124,7 +124,9 @@ class InventoryReconciliation(ObjectColumns):
     ) -> None:
         """Release a block the inventory reports that the master does not keep, its extent held
         until the node took the release (no new block goes there meanwhile)."""
-        held = item.size_bytes if item and self._reserve(seg, offset, item.size_bytes) else 0
+        held = 0
+        if item is not None and self._reserve(seg, offset, item.size_bytes):
+            held = seg.allocator.aligned(item.size_bytes)
         self._note_release(seg, offset, name, held)
 
     def _restored_at(

@@ -57,6 +57,11 @@ class RecordChanges:
     def _current(self, segment_id: int, offset: int) -> BlockName | None:
         raise NotImplementedError
 
+    @property
+    def changed(self) -> bool:
+        """Whether there is anything to persist."""
+        return bool(self._dirty)
+
     def take_dirty(self) -> list[ReleaseRecord]:
         """The changes to persist since the last call (drained)."""
         out = [(segment_id, offset, name) for (segment_id, offset), name in self._dirty.items()]
@@ -76,6 +81,7 @@ class OwedReleases(RecordChanges):
         super().__init__()
         self._owed: dict[int, dict[int, BlockName]] = {}
         self._held: dict[int, dict[int, int]] = {}  # offset -> bytes held in the current mount
+        self._held_bytes: dict[int, int] = {}  # segment -> their sum
         self._queued: dict[int, set[int]] = {}
         # offset -> the name sent (None: what was owed there changed since: ends nothing)
         self._sending: dict[int, dict[int, BlockName | None]] = {}
@@ -92,6 +98,10 @@ class OwedReleases(RecordChanges):
         """(offset, bytes) of the extents of `segment_id`'s current mount held until their
         release is acknowledged."""
         return list(self._held.get(segment_id, {}).items())
+
+    def held_bytes(self, segment_id: int) -> int:
+        """The bytes `held` names: room that comes back once the node answers."""
+        return self._held_bytes.get(segment_id, 0)
 
     def owe(self, segment_id: int, offset: int, name: BlockName) -> None:
         """The block `name` at `offset` left the master's records: its node must forget it."""
@@ -114,7 +124,10 @@ class OwedReleases(RecordChanges):
             return
         self._queued.setdefault(segment_id, set()).add(offset)
         if held_bytes:
-            self._held.setdefault(segment_id, {})[offset] = held_bytes
+            held = self._held.setdefault(segment_id, {})
+            total = self._held_bytes.get(segment_id, 0) - held.get(offset, 0) + held_bytes
+            held[offset] = held_bytes
+            self._held_bytes[segment_id] = total
 
     def take(self, mounted: Callable[[int], bool]) -> dict[int, list[tuple[int, BlockName]]]:
         """The queued releases to send now, per segment, marked in flight.  Those of a segment
@@ -186,6 +199,7 @@ class OwedReleases(RecordChanges):
         self._queued.pop(segment_id, None)
         self._sending.pop(segment_id, None)
         self._held.pop(segment_id, None)
+        self._held_bytes.pop(segment_id, None)
         return dict(self._owed.get(segment_id, {}))
 
     def drop(self, segment_id: int, offset: int) -> None:
@@ -224,8 +238,10 @@ class OwedReleases(RecordChanges):
         if held is None or offset not in held:
             return 0
         size = held.pop(offset)
+        self._held_bytes[segment_id] -= size
         if not held:
             del self._held[segment_id]
+            del self._held_bytes[segment_id]
         return size
 
     # ---- persistence (persistence.py `r/` records) ----------------------------------------

@@ -68,10 +68,13 @@ class ReplicaRelocation(Membership):
         offset = dst.allocator.allocate(self._size[slot]) if source is not None else None
         if source is None or offset is None:
             return None
+        name = BlockName(key, self._checksum[slot])
         if dst.persistent:
             self.claim_release(dst.segment_id, offset)  # type: ignore[attr-defined]
+            # Durable before the copy is asked for (server.py's tick): the node may index it
+            # while no record names it (a master restart, or the key removed meanwhile).
+            self.detached.detach(dst.segment_id, offset, name)
         self._cold_set(slot, "moving", True)
-        name = BlockName(key, self._checksum[slot])
         self._moves[dst.segment_id, dst.generation, offset] = (self._size[slot], name)
         return source, offset
 
@@ -83,6 +86,8 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         size_bytes, name = self._moves.pop((dst.segment_id, dst.generation, offset), _NO_MOVE)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
+        if live_dst and dst.persistent:  # recorded as a replica, or released, below
+            self.detached.discard(dst.segment_id, offset)
         if not live_dst:
             _log_stale(key, dst, offset)
         valid = (
@@ -111,6 +116,8 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         size_bytes, name = self._moves.pop((dst.segment_id, dst.generation, offset), _NO_MOVE)
         live_dst = self._segments.get(dst.segment_id) is dst and size_bytes > 0
+        if live_dst and dst.persistent:  # recorded as a replica, or released, below
+            self.detached.discard(dst.segment_id, offset)
         if not live_dst:
             _log_stale(key, dst, offset)
         valid = (
@@ -150,18 +157,6 @@ class ReplicaRelocation(Membership):
         slot = self._slot.get(key)
         if slot is not None:
             self._cold_set(slot, "hold_until_s", max(self._cold_get(slot, "hold_until_s"), until_s))
-
-    def _copies_in_flight(self, key: str) -> list[tuple[int, int, BlockName]]:
-        """(segment, offset, block) of the copies of `key` on their way into persistent
-        segments: their node may index them even if the object goes meanwhile."""
-        return [
-            (segment_id, offset, name)
-            for (segment_id, generation, offset), (_, name) in self._moves.items()
-            if name.key == key
-            and (seg := self._segments.get(segment_id)) is not None
-            and seg.generation == generation
-            and seg.persistent
-        ]
 
     def _move_extents(self) -> dict[int, list[tuple[int, int]]]:
         """Extents reserved by copies in flight, per live segment (for `validate`)."""

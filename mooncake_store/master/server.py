@@ -36,10 +36,11 @@ from mooncake_store.master.metrics import InstrumentedServicer, master_registry
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
-from mooncake_store.master.replication import Replication
+from mooncake_store.master.releases import BlockName
+from mooncake_store.master.replication import CopyTask, Replication
 from mooncake_store.master.service import MasterServicer, add_to_server
 from mooncake_store.master.tenancy import TenantServicer
-from mooncake_store.master.tiering import Tiering
+from mooncake_store.master.tiering import MoveTask, Tiering
 
 log = logging.getLogger("mooncake.master")
 
@@ -163,7 +164,7 @@ class MasterServer:
         self._store = open_metadata(data_dir, self.config)
         restored = self.table.restore(self._store.load())
         owed = self.table.releases.restore(self._store.load_releases())
-        self.table.persistent_ids = self._store.load_segments()
+        self.table.restore_persistent(self._store.load_segments())
         self.table.detached.restore(self._store.load_detached())
         freeze_long_lived()
         self._store.start()
@@ -342,22 +343,25 @@ class MasterServer:
             await self._store.write(deletes=result.deleted_keys)
         # Work per node runs in the background; a node still busy (or stalled) gets no new
         # batch, and the others are not held up by it.
-        self._start(self._moving, self.mover.run(self.tiering.plan(busy=set(self._moving))))
+        moves = self.tiering.plan(busy=set(self._moving))
         copies = self.replication.plan(busy=set(self._copying))
         copies += self.drains.plan(busy=set(self._copying))  # nodes about to stop (drain.py)
-        self._start(self._copying, self.mover.copy(copies, self.replication))
-        # A release goes out only once what let its block go is durable: the records of this
-        # tick and those other tasks are writing now (a node that forgot a block its master
-        # still names after a restart would lose it).
+        # A copy into NVMe is asked for, and a release goes out, only once the records they
+        # rest on are durable: this tick's, and those other tasks are writing now (detached.py
+        # and releases.py: a node must never index what a restarted master would not know of,
+        # nor forget a block it would still name).
+        failures = self._servicer.persist_failures
         released = self.table.take_released()
         durable = False
         try:
             await self._servicer.persist_dirty()
-            durable = await self._servicer.persisted()
+            durable = await self._servicer.persisted(failures)
         finally:
-            if not durable:  # sent at a later tick
-                for segment_id, blocks in released.items():
-                    self.table.release_again(segment_id, [offset for offset, _ in blocks])
+            if durable:
+                self._start(self._moving, self.mover.run(moves))
+                self._start(self._copying, self.mover.copy(copies, self.replication))
+            else:  # planned again, and sent again, at a later tick
+                self._call_off(moves, copies, released)
         if released and durable:  # in the background: a stalled node must not hold up the tick
             task = asyncio.get_running_loop().create_task(self.mover.release(released))
             self._releases.add(task)
@@ -448,6 +452,22 @@ class MasterServer:
         self._releases.discard(task)
         if self._fencing is task:
             self._fencing = None
+
+    def _call_off(
+        self,
+        moves: list[MoveTask],
+        copies: list[CopyTask],
+        released: dict[int, list[tuple[int, BlockName]]],
+    ) -> None:
+        """The records a tick's moves, copies and releases rest on did not become durable:
+        none of them is asked of a node (the moves and copies end as failed, which gives
+        their room back; the releases are sent at a later tick)."""
+        for move in moves:
+            self.tiering.complete(move, ok=False)
+        for copy in copies:
+            self.replication.complete(copy, ok=False)
+        for segment_id, blocks in released.items():
+            self.table.release_again(segment_id, [offset for offset, _ in blocks])
 
     def _start(self, running: dict[str, asyncio.Task[None]],
                work: dict[str, Coroutine[Any, Any, None]]) -> None:  # fmt: skip

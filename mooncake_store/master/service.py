@@ -92,6 +92,7 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
         self._persisting: set[asyncio.Future[None]] = set()  # persist_dirty's writes in flight
+        self.persist_failures = 0
 
     async def Hello(self, request: pb.HelloRequest, context: object) -> pb.HelloResponse:
         return pb.HelloResponse(

@@ -100,6 +100,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then
     _committing: dict[str, asyncio.Future[None]]  # key -> its commit's outcome
     _persisting: set[asyncio.Future[None]]  # persist_dirty's metadata writes in flight
+    persist_failures: int  # persist_dirty writes that failed, ever
 
     async def persist_dirty(self) -> None:
         """Write what evictions, moves and adoptions changed (durable before replies).  When
@@ -114,6 +115,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
             try:
                 await write
             except BaseException:
+                self.persist_failures += 1
                 self.table.mark_dirty([*(m.key for m in dirty.puts), *dirty.deletes])
                 self.table.releases.mark_dirty(dirty.releases)
                 self.table.new_persistent += dirty.segments
@@ -122,10 +124,11 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
             finally:
                 self._persisting.discard(write)
 
-    async def persisted(self) -> bool:
-        """Wait for the `persist_dirty` writes in flight now; False when one failed (its
-        records are dirty again, for the next write)."""
+    async def persisted(self, failures: int) -> bool:
+        """Wait for the `persist_dirty` writes in flight now; False when one of them, or any
+        since `persist_failures` was `failures`, failed (its records are dirty again, for the
+        next write)."""
         writes = list(self._persisting)
         if writes:
             await asyncio.wait(writes)
-        return all(not w.cancelled() and w.exception() is None for w in writes)
+        return self.persist_failures == failures

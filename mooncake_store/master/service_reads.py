@@ -137,6 +137,8 @@ class ReadMethods(ServicerBase):
             for meta in doomed:
                 if self.table.same_object(meta):  # not removed, lost or put again meanwhile
                     self.table.remove(meta.key)
+                else:
+                    self.table.removed_meanwhile(meta.key)
         return [s or _OK for s in statuses]
 
     async def Remove(self, request: pb.KeyRequest, context: object) -> pb.Status:

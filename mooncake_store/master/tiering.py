@@ -105,8 +105,10 @@ class Tiering:
         return tasks
 
     def _drop_to(self, seg: Segment, target: float) -> None:
+        """Evict from `seg` down to `target` fill, counting the room its node's answers to the
+        Releases in flight give back (frees.py `releasing_bytes`) as free."""
         cap = seg.allocator.capacity_bytes
-        while seg.allocator.used_bytes > target * cap:
+        while seg.allocator.used_bytes - self.table.releasing_bytes(seg) > target * cap:
             victim = self.table.victim(seg)
             if victim is None:
                 return
@@ -130,6 +132,8 @@ class Tiering:
             assert meta is not None
             extent = src.allocator.aligned(meta.size_bytes)
             if dst.largest_free < extent:
+                if dst.persistent and self.table.releasing_bytes(dst) >= extent:
+                    break  # room comes back with the Releases' answers: demote next tick
                 self.table.make_room(dst, extent)
             started = self.table.begin_move(key, src, dst)
             if started is None:

@@ -45,8 +45,12 @@ class EvictionVictims(ExtentFrees):
         return []
 
     def make_room(self, seg: Segment, extent: int) -> bool:
-        """Evict victims from `seg` until an extent of `extent` bytes fits."""
+        """Evict victims from `seg` until an extent of `extent` bytes fits.  A persistent
+        segment holding that much for Releases not answered yet evicts nothing more: the room
+        comes back at the next tick (frees.py `releasing_bytes`)."""
         while seg.allocator.largest_free() < extent:
+            if seg.persistent and self.releasing_bytes(seg) >= extent:  # type: ignore[attr-defined]
+                return False
             # Soft-pinned objects go only when nothing else can (issue 13).
             victim = self.policy.pick(seg.segment_id, self._evictable_unpinned)
             if victim is None:

@@ -451,6 +451,8 @@ def test_full_nvme_drops_its_lowest_value_blocks():
         for task in tiering.plan():
             tiering.complete(task, ok=True)
         NodeIndex().deliver(table)  # the tick's releases, answered
+    assert tiering.plan() == []  # a tick with no demotion drops NVMe below its watermark
+    NodeIndex().deliver(table)
     nvme = table.segment(NVME)
     assert nvme.fill <= 0.9
     assert tiering.counters["nvme_drops"] + table.counters["evictions"] > 0
