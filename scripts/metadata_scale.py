@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.master.config import MasterConfig
+from mooncake_store.master.process import freeze_long_lived, map_large_allocations
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
-from mooncake_store.master.server import MasterServer, freeze_long_lived, map_large_allocations
+from mooncake_store.master.server import MasterServer
 from mooncake_store.master.service import MasterServicer
 
 BLOCK_BYTES = 64 * 1024

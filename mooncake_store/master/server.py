@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
-import gc
 import logging
 import signal
 import time
@@ -20,7 +18,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mooncake_store.common.addresses import join_host_port
 from mooncake_store.common.auth import TokenAuthority, load_or_create_cluster_key
 from mooncake_store.common.credentials import remove_local_tokens, write_local_tokens
-from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.master.access import AccessControl, AuthInterceptor
@@ -36,6 +33,12 @@ from mooncake_store.master.metrics import InstrumentedServicer, master_registry
 from mooncake_store.master.mover import NodeMover
 from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
+from mooncake_store.master.process import (
+    GC_FREEZE_INTERVAL_S,
+    freeze_long_lived,
+    map_large_allocations,
+    open_metadata,
+)
 from mooncake_store.master.releases import BlockName
 from mooncake_store.master.replication import CopyTask, Replication
 from mooncake_store.master.service import MasterServicer, add_to_server
@@ -51,57 +54,6 @@ SERVICE_NAME = "mooncake_store.v1.MasterService"
 FIRST_FENCE_DELAY_S = 0.02
 FIRST_FENCE_TIMEOUT_S = 1.0
 FIRST_FENCE_RETRY_S = 0.25  # a node that did not take it is pushed again after this (ticks)
-
-
-# Python's full (generation 2) collection walks every tracked object: ~0.67 s per million
-# blocks here, a multi-second stall of the master's one loop at 10M blocks, and it runs every time
-# the survivors grow by a quarter.  The metadata is acyclic (reference counting frees it), so
-# the master moves what survived into the permanent generation every few seconds; young cycles
-# (asyncio's) are still collected by the cheap younger generations.
-GC_FREEZE_INTERVAL_S = 10.0
-
-
-def map_large_allocations() -> bool:
-    """Serve allocations of 1 MiB and more with their own mappings (glibc only).
-
-    The table's columns grow by realloc.  Below glibc's mmap threshold (which rises on its own
-    up to 32 MiB), every step copies into the heap and leaves the old buffer behind as a hole
-    that RSS keeps: ~70 bytes per block at a million blocks.  A mapped buffer grows in place
-    (mremap).  Returns False where there is no glibc mallopt to call.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_mmap_threshold = -3
-    return bool(mallopt(m_mmap_threshold, 1 << 20))
-
-
-def open_metadata(data_dir: Path, config: MasterConfig) -> MetadataStore:
-    """Open the RocksDB metadata under `data_dir`; a locked or unusable one is a StartupError."""
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return MetadataStore(
-            data_dir / "rocksdb", sync=config.sync_commits, sync_interval_s=config.sync_interval_s
-        )
-    except Exception as exc:
-        text = str(exc)
-        if "lock" in text.lower():
-            raise StartupError(
-                f"data dir {data_dir} is in use by another master (RocksDB's LOCK is held): "
-                "stop that master or pass another --data-dir"
-            ) from exc
-        raise StartupError(
-            f"cannot open the metadata in {data_dir}: {text.splitlines()[0] if text else exc!r}; "
-            "check the directory's permissions and free space, or pass another --data-dir"
-        ) from exc
-
-
-def freeze_long_lived() -> None:
-    """Collect the young generations, then exempt every survivor from future collections."""
-    gc.collect(1)
-    gc.freeze()
 
 
 class MasterServer:
