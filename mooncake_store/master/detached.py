@@ -30,9 +30,6 @@ class DetachedBlocks(RecordChanges):
         self._by_key: dict[str, set[tuple[int, int]]] = {}
         self._by_segment: dict[int, dict[int, BlockName]] = {}
 
-    def _current(self, segment_id: int, offset: int) -> BlockName | None:
-        return self._by_segment.get(segment_id, {}).get(offset)
-
     def __len__(self) -> int:
         return sum(len(blocks) for blocks in self._by_segment.values())
 
@@ -44,6 +41,12 @@ class DetachedBlocks(RecordChanges):
         blocks[offset] = name
         self._by_key.setdefault(name.key, set()).add((segment_id, offset))
         self._dirty[segment_id, offset] = name
+
+    def named(self, segment_id: int, offset: int) -> BlockName | None:
+        """The detached block at `offset` of `segment_id`, if any."""
+        return self._by_segment.get(segment_id, {}).get(offset)
+
+    _current = named
 
     def of_key(self, key: str) -> list[tuple[int, int, BlockName]]:
         """The detached blocks of `key`: (segment, offset, block)."""

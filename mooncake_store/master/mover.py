@@ -116,7 +116,16 @@ class NodeMover:
             by_node[task.node_id].append(task)
         return {n: self._run_node(n, ts) for n, ts in by_node.items()}
 
+    def _live(self, *segs: Segment) -> bool:
+        """Whether each of `segs` is still the mount it was when the task was planned."""
+        return all(self.table.mounted_segment(s.segment_id) is s for s in segs)
+
     async def _run_node(self, node_id: str, tasks: list[MoveTask]) -> None:
+        for task in [t for t in tasks if not self._live(t.src, t.dst)]:
+            self.tiering.complete(task, False)  # planned for a mount gone since (the tick's
+        tasks = [t for t in tasks if self._live(t.src, t.dst)]  # write came in between)
+        if not tasks:
+            return
         stub = self._stub(node_id)
         codes = [-1] * len(tasks)
         if stub is not None:
@@ -148,6 +157,11 @@ class NodeMover:
 
     async def _copy_node(self, node_id: str, tasks: list[CopyTask],
                          replication: Replication) -> None:  # fmt: skip
+        for task in [t for t in tasks if not self._live(t.src, t.dst)]:
+            replication.complete(task, False)  # planned for a mount gone since
+        tasks = [t for t in tasks if self._live(t.src, t.dst)]
+        if not tasks:
+            return
         stub = self._stub(node_id)
         codes = [-1] * len(tasks)
         if stub is not None:
@@ -171,30 +185,35 @@ class NodeMover:
         for task, code in zip(tasks, codes, strict=True):
             replication.complete(task, code == OK)
 
-    async def release(self, released: dict[int, list[tuple[int, BlockName]]]) -> None:
-        """Send each segment's owed releases (frees.py `take_released`) to its node."""
+    async def release(
+        self, released: dict[int, list[tuple[int, BlockName]]], generations: dict[int, int]
+    ) -> None:
+        """Send each segment's owed releases (frees.py `take_released`) to its node, if it is
+        still the mount they were taken for (`generations`); else its new mount checked them
+        against its inventory already."""
         for segment_id, blocks in released.items():
             offsets = [offset for offset, _ in blocks]
             seg = self.table.mounted_segment(segment_id)  # a suspect node is told too
-            stub = self._stub(seg.node_id) if seg is not None else None
-            if stub is None:  # unmounted: its next mount reconciles (frees.py pending_releases)
-                if seg is not None:
-                    self.table.release_again(segment_id, offsets, seg.generation)
+            generation = generations.get(segment_id)
+            if seg is None or seg.generation != generation:
+                continue  # mounted again, or gone: its next mount reconciles
+            stub = self._stub(seg.node_id)
+            if stub is None:
+                self.table.release_again(segment_id, offsets, generation)
                 continue
-            generation = seg.generation  # type: ignore[union-attr]  # the mount answering
             try:
                 request = pb.ReleaseRequest(  # `offsets` for nodes that predate `blocks`
                     segment_id=segment_id, master_run=self.master_run, offsets=offsets,
                     blocks=[pb.ReleasedBlock(offset=offset, key=name.key, checksum=name.checksum)
                             for offset, name in blocks],
                 )  # fmt: skip
-                signed = self._signed(seg.node_id, "Release", request)  # type: ignore[union-attr]
+                signed = self._signed(seg.node_id, "Release", request)
                 status = await stub.Release(request, timeout=5.0, metadata=signed)
             except grpc.aio.AioRpcError as exc:
                 problem = f"failed: {exc.code().name}"
             else:
                 problem = "" if status.code == OK else f"was refused: {status.message}"
-            node_id = seg.node_id  # type: ignore[union-attr]
+            node_id = seg.node_id
             if problem:  # sent again at the next tick (unless allocated again meanwhile)
                 self._release_warnings.warn(node_id, "release on node %s %s", node_id, problem)
                 self.table.release_again(segment_id, offsets, generation)

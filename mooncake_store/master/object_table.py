@@ -227,17 +227,34 @@ class ObjectTable(ObjectReads):
         for key in keys:
             self._dirty[key] = key in self._slot
 
-    def removed_meanwhile(self, key: str) -> None:
-        """A remove of `key` was persisted, but the object went meanwhile (lost with its last
-        node): its blocks no record names (detached.py) are owed releases all the same, so the
-        acknowledged remove holds when that node comes back.  A key stored again is left be."""
+    def removed_meanwhile(self, key: str, owed: Iterable[ReleaseRecord] = ()) -> None:
+        """A remove of `key` was persisted with the releases `owed`, but the object changed
+        meanwhile (lost with its node, adopted back from an inventory, put again): every block
+        the remove named goes all the same, so the acknowledged remove holds when its node
+        comes back.  A key put again keeps its own blocks."""
         if key not in self._slot:
             self._owe_elsewhere(key)
+        for segment_id, offset, name in owed:
+            if name is None or name.key != key:
+                continue
+            if self.detached.named(segment_id, offset) == name:
+                self.detached.discard(segment_id, offset)
+                self.releases.owe(segment_id, offset, name)
+            slot = self._slot.get(key)
+            replica = Replica(segment_id, offset)
+            if (
+                slot is not None and self._state[slot] == COMPLETE
+                and self._checksum[slot] == name.checksum and replica in self._replicas(slot)
+            ):  # fmt: skip
+                self._lose_replica(slot, replica)  # adopted back while the delete was written
 
     def restore_persistent(self, segment_ids: set[int]) -> None:
         """Load the persistent segments ever mounted (at start-up).  A data directory written
         before they were recorded names none: the segments owed releases stand in."""
-        self.persistent_ids = set(segment_ids) or set(self.releases.segments())
+        self.persistent_ids = set(segment_ids)
+        if not segment_ids:  # recorded as such, so that the next run knows them too
+            self.persistent_ids = set(self.releases.segments())
+            self.new_persistent += sorted(self.persistent_ids)
 
     def remove(self, key: str) -> None:
         """Delete a committed object (pinned or not).  Leased extents are freed later.

@@ -294,18 +294,25 @@ class MasterServer:
                         len(result.deleted_keys), shown, more)  # fmt: skip
             await self._store.write(deletes=result.deleted_keys)
         # Work per node runs in the background; a node still busy (or stalled) gets no new
-        # batch, and the others are not held up by it.
-        moves = self.tiering.plan(busy=set(self._moving))
-        copies = self.replication.plan(busy=set(self._copying))
-        copies += self.drains.plan(busy=set(self._copying))  # nodes about to stop (drain.py)
-        # A copy into NVMe is asked for, and a release goes out, only once the records they
-        # rest on are durable: this tick's, and those other tasks are writing now (detached.py
-        # and releases.py: a node must never index what a restarted master would not know of,
-        # nor forget a block it would still name).
+        # batch, and the others are not held up by it.  A copy into NVMe is asked for, and a
+        # release goes out, only once the records they rest on are durable: this tick's, and
+        # those other tasks are writing now (detached.py and releases.py: a node must never
+        # index what a restarted master would not know of, nor forget a block it would still
+        # name).  Whatever was planned is started or called off, even if this tick fails.
+        moves: list[MoveTask] = []
+        copies: list[CopyTask] = []
+        released: dict[int, list[tuple[int, BlockName]]] = {}
+        generations: dict[int, int] = {}  # the mount each segment's releases are taken for
         failures = self._servicer.persist_failures
-        released = self.table.take_released()
         durable = False
         try:
+            moves = self.tiering.plan(busy=set(self._moving))
+            copies = self.replication.plan(busy=set(self._copying))
+            copies += self.drains.plan(busy=set(self._copying))  # nodes about to stop
+            released = self.table.take_released()
+            for segment_id in released:
+                seg = self.table.mounted_segment(segment_id)
+                generations[segment_id] = seg.generation if seg is not None else -1
             await self._servicer.persist_dirty()
             durable = await self._servicer.persisted(failures)
         finally:
@@ -313,9 +320,9 @@ class MasterServer:
                 self._start(self._moving, self.mover.run(moves))
                 self._start(self._copying, self.mover.copy(copies, self.replication))
             else:  # planned again, and sent again, at a later tick
-                self._call_off(moves, copies, released)
+                self._call_off(moves, copies, released, generations)
         if released and durable:  # in the background: a stalled node must not hold up the tick
-            task = asyncio.get_running_loop().create_task(self.mover.release(released))
+            task = asyncio.get_running_loop().create_task(self.mover.release(released, generations))
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
         awaiting = self.table.awaiting_nodes()  # mounted, their first fence not taken yet
@@ -410,6 +417,7 @@ class MasterServer:
         moves: list[MoveTask],
         copies: list[CopyTask],
         released: dict[int, list[tuple[int, BlockName]]],
+        generations: dict[int, int],
     ) -> None:
         """The records a tick's moves, copies and releases rest on did not become durable:
         none of them is asked of a node (the moves and copies end as failed, which gives
@@ -419,7 +427,8 @@ class MasterServer:
         for copy in copies:
             self.replication.complete(copy, ok=False)
         for segment_id, blocks in released.items():
-            self.table.release_again(segment_id, [offset for offset, _ in blocks])
+            offsets = [offset for offset, _ in blocks]
+            self.table.release_again(segment_id, offsets, generations.get(segment_id, -1))
 
     def _start(self, running: dict[str, asyncio.Task[None]],
                work: dict[str, Coroutine[Any, Any, None]]) -> None:  # fmt: skip

@@ -138,7 +138,7 @@ class ReadMethods(ServicerBase):
                 if self.table.same_object(meta):  # not removed, lost or put again meanwhile
                     self.table.remove(meta.key)
                 else:
-                    self.table.removed_meanwhile(meta.key)
+                    self.table.removed_meanwhile(meta.key, owed)
         return [s or _OK for s in statuses]
 
     async def Remove(self, request: pb.KeyRequest, context: object) -> pb.Status:

@@ -134,7 +134,10 @@ class Tiering:
             if dst.largest_free < extent:
                 if dst.persistent and self.table.releasing_bytes(dst) >= extent:
                     break  # room comes back with the Releases' answers: demote next tick
-                self.table.make_room(dst, extent)
+                if not self.table.make_room(dst, extent) and (
+                    dst.persistent and self.table.releasing_bytes(dst) >= extent
+                ):
+                    break  # the room it made comes back with the answers: next tick
             started = self.table.begin_move(key, src, dst)
             if started is None:
                 self.table.evict(key, src)
@@ -195,8 +198,8 @@ class Tiering:
         moved = self.table.finish_move(task.key, task.source, task.dst, task.dst_offset, ok)
         if corrupt:
             meta = self.table.get(task.key)
-            if meta is not None and task.source in meta.replicas:
-                self.table.evict(task.key, task.src)
+            if meta is not None and meta.checksum == task.checksum and task.source in meta.replicas:
+                self.table.evict(task.key, task.src)  # not a key put again since
         if moved:
             self.counters["promotions" if task.promotion else "demotions"] += 1
         else:

@@ -116,9 +116,9 @@ def test_a_release_the_node_refuses_as_another_runs_is_sent_again(tmp_path):
             releases: list[dict[int, list[tuple[int, BlockName]]]] = []
             release = mover.release
 
-            async def spy(released):  # type: ignore[no-untyped-def]
+            async def spy(released, generations):  # type: ignore[no-untyped-def]
                 releases.append(released)
-                await release(released)
+                await release(released, generations)
 
             mover.release = spy
             assert store.remove(key)
@@ -155,8 +155,8 @@ def test_a_master_restarted_before_its_release_landed_does_not_bring_the_key_bac
             mover = cluster.master.server.mover
             release = mover.release
 
-            async def spy(released):  # type: ignore[no-untyped-def]
-                await release(released)
+            async def spy(released, generations):  # type: ignore[no-untyped-def]
+                await release(released, generations)
                 refused.extend(o for blocks in released.values() for o, _ in blocks)
 
             mover.release = spy

@@ -8,6 +8,7 @@ then."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from mooncake_store.common.blocks import BlockRecord
@@ -16,6 +17,21 @@ from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.releases import BlockName
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from tests.unit.test_tiering import DRAM, NVME, Clock, MiB, commit, make, released
+
+
+def hold_after_delete(store, key: str) -> asyncio.Event:  # type: ignore[no-untyped-def]
+    """Make the metadata write that deletes `key` land, then hold its caller until the event
+    returned is set (a slow fsync): what happens meanwhile races the remove."""
+    gate = asyncio.Event()
+    write = store.write
+
+    async def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await write(*args, **kwargs)
+        if kwargs.get("deletes") == [key]:
+            await gate.wait()
+
+    store.write = slow
+    return gate
 
 
 def test_nvme_drop_to_low_watermark_evicts_only_what_it_needs():
@@ -99,7 +115,7 @@ def test_the_tick_sends_no_release_when_another_write_failed_during_its_own(tmp_
             store.write = gated_write
             sent: list[list] = []
 
-            async def spy(released):
+            async def spy(released, generations):
                 sent.append([r for r in durable])
                 for segment_id, blocks in released.items():
                     table.release_done(segment_id, [o for o, _ in blocks])
@@ -160,15 +176,7 @@ def test_a_remove_racing_a_move_and_the_ticks_write_leaves_no_record_behind(tmp_
             dram, nvme = table.mounted_segment(10), table.mounted_segment(20)
             source, offset = table.begin_move("k", dram, nvme)  # a Move down in flight
 
-            gate = asyncio.Event()
-            write = store.write
-
-            async def slow_first(*args, **kwargs):
-                await write(*args, **kwargs)
-                if kwargs.get("deletes") == ["k"]:
-                    await gate.wait()  # the remove's group: written, its fsync still going
-
-            store.write = slow_first
+            gate = hold_after_delete(store, "k")
             removing = asyncio.create_task(servicer._remove(["k"]))
             await asyncio.sleep(0.01)
             assert table.finish_move("k", source, nvme, offset, ok=True)  # the mover's task
@@ -275,15 +283,7 @@ def test_a_remove_whose_key_was_lost_with_its_nvme_node_meanwhile_stays_removed(
             await servicer.persist_dirty()
             assert table.exists("k")
 
-            gate = asyncio.Event()
-            write = store.write
-
-            async def slow(*args, **kwargs):
-                await write(*args, **kwargs)
-                if kwargs.get("deletes") == ["k"]:
-                    await gate.wait()
-
-            store.write = slow
+            gate = hold_after_delete(store, "k")
             removing = asyncio.create_task(servicer._remove(["k"]))
             await asyncio.sleep(0.01)
             table.unmount("n", 1)  # n dropped (expiry is the same path): k is lost with it

@@ -274,7 +274,7 @@ def test_the_tick_sends_no_release_before_what_let_its_block_go_is_durable(tmp_p
             store.write = slow_write  # type: ignore[method-assign]
             sent: list[int] = []
 
-            async def spy(released):  # type: ignore[no-untyped-def]
+            async def spy(released, generations):  # type: ignore[no-untyped-def]
                 sent.append(len(landed))
                 for segment_id, blocks in released.items():
                     table.release_done(segment_id, [o for o, _ in blocks])
