@@ -19,7 +19,13 @@ injected, every kind once per round in a random order:
   without it these two are skipped and listed under `faults_skipped`);
 - duplicate_node_id: a second node process started under a live node's id (must be refused).
 
-The promise checked: an acknowledged block is never lost and a wrong byte is never returned.
+With `--nvme`, each node also has an NVMe tier and a DRAM pool half the size, so blocks move
+down and up between tiers while the faults happen; with `--removes R`, each client removes an
+acknowledged block of its own after each put with probability R.
+
+The promise checked: an acknowledged block is never lost and a wrong byte is never returned;
+and an acknowledged remove holds: a block removed is never visible again (`removed_visible`;
+through node restarts, drops and returns with their NVMe index, and master restarts).
 Puts ask for two replicas and a fault is only injected once the cluster has repaired the
 previous one, so every acknowledged block keeps a surviving replica.  The node pools are sized
 from the workload and the node count so that nothing needs evicting even with a node down;
@@ -125,9 +131,13 @@ def private_token_dir(root: str) -> Path:
 # ---- client processes ---------------------------------------------------------------------
 
 
-def client_main(index: int, master: str, deadline: float, max_puts: int, out: str) -> None:
+def client_main(
+    index: int, master: str, deadline: float, max_puts: int, out: str, remove_rate: float = 0.0
+) -> None:
     rng = random.Random(index)
     acked: list[str] = []
+    removed: list[str] = []  # acknowledged removes (none of these may be visible again)
+    remove_unknown: list[str] = []  # a remove that failed: it may or may not have happened
     acked_at: list[float] = []  # wall clock of each acknowledgement (to place a loss in time)
     failed: dict[str, str] = {}  # key -> error class of a put that reported failure
     why: dict[str, str] = {}  # key -> when and what that error said
@@ -154,6 +164,17 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                     errors[f"put:{type(exc).__name__}"] += 1
                     failed[key] = type(exc).__name__
                     why[key] = f"{time.strftime('%H:%M:%S')} {str(exc)[:200]}"
+                if acked and rng.random() < remove_rate:  # an acknowledged block, removed
+                    i = rng.randrange(len(acked))
+                    key = acked[i]
+                    acked[i], acked_at[i] = acked[-1], acked_at[-1]  # not checked as stored
+                    acked.pop()
+                    acked_at.pop()
+                    try:
+                        (removed if store.remove(key) else remove_unknown).append(key)
+                    except Exception as exc:
+                        errors[f"remove:{type(exc).__name__}"] += 1
+                        remove_unknown.append(key)
             elif acked:
                 key = rng.choice(acked)
                 try:
@@ -168,7 +189,8 @@ def client_main(index: int, master: str, deadline: float, max_puts: int, out: st
                 time.sleep(0.05)
     Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
                                      "wrong_bytes": wrong, "errors": dict(errors),
-                                     "failed": failed, "why": why}))  # fmt: skip
+                                     "failed": failed, "why": why, "removed": removed,
+                                     "remove_unknown": remove_unknown}))  # fmt: skip
 
 
 # A put that failed with one of these may or may not have taken effect (the error says so);
@@ -463,6 +485,15 @@ def main() -> None:
     parser.add_argument("--max-puts", type=int, default=4000, help="per client (bounds data)")
     parser.add_argument("--faults", default=",".join(KINDS), help="kinds to inject (comma list)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nvme", action="store_true",
+                        help="give each node an NVMe tier (and half the DRAM): blocks move "
+                             "between tiers under the faults")  # fmt: skip
+    parser.add_argument(
+        "--removes",
+        type=float,
+        default=0.0,
+        help="fraction of client steps that remove an acknowledged block",
+    )
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--keep", help="run in this directory and keep it (logs, RocksDB)")
     args = parser.parse_args()
@@ -475,7 +506,14 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)}")
 
+    if not 0.0 <= args.removes < 1.0:
+        parser.error("--removes must be in [0, 1)")
     pool = pool_bytes(args.clients, args.max_puts, args.nodes)
+    tiers: dict[str, object] = {"dram": f"{pool >> 20}MiB"}
+    master_args = list(MASTER_ARGS)
+    if args.nvme:  # blocks go down to NVMe past half of a DRAM pool half the size
+        tiers = {"dram": f"{pool >> 21}MiB", "nvme": f"{pool >> 20}MiB"}
+        master_args += ["--dram-high-watermark", "0.5", "--dram-low-watermark", "0.3"]
     report: dict = {}
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -487,10 +525,11 @@ def main() -> None:
     with place as tmp:
         private_token_dir(tmp)
         with ChaosCluster(tmp, libfaketime=find_libfaketime(), nodes=args.nodes,
-                          dram=f"{pool >> 20}MiB", master_args=MASTER_ARGS) as cluster:  # fmt: skip
+                          master_args=master_args, **tiers) as cluster:  # fmt: skip
             chaos = Chaos(cluster, random.Random(args.seed), args.fault_interval, kinds)
             print(
-                f"{args.nodes} nodes of {pool >> 20} MiB; faults: {', '.join(chaos.kinds)}"
+                f"{args.nodes} nodes of {' + '.join(f'{v} {k.upper()}' for k, v in tiers.items())}"
+                f"; faults: {', '.join(chaos.kinds)}"
                 + (f"; skipped: {chaos.skipped}" if chaos.skipped else ""),
                 flush=True,
             )
@@ -498,7 +537,8 @@ def main() -> None:
             ctx = mp.get_context("spawn")
             outs = [f"{tmp}/client-{i}.json" for i in range(args.clients)]
             procs = [ctx.Process(target=client_main,
-                                 args=(i, cluster.master_address, deadline, args.max_puts, o))
+                                 args=(i, cluster.master_address, deadline, args.max_puts, o,
+                                       args.removes))
                      for i, o in enumerate(outs)]  # fmt: skip
             for p in procs:
                 p.start()
@@ -539,6 +579,14 @@ def main() -> None:
                     store, failed_puts, misreported, why
                 )
                 wrong += failed_wrong
+                removed = [k for r in results for k in r.get("removed", [])]
+                removed_visible = [
+                    k for start in range(0, len(removed), 1000)
+                    for k, there in zip(removed[start : start + 1000],
+                                        store.exists_many(removed[start : start + 1000]),
+                                        strict=True)
+                    if there
+                ]  # fmt: skip
                 counters = store.stats().counters
             chaos.totals.update(counters)
             evictions = int(chaos.totals.get("evictions", 0))
@@ -547,7 +595,7 @@ def main() -> None:
                 errors.update(r["errors"])
             report = {
                 "duration_s": args.duration, "nodes": args.nodes, "clients": args.clients,
-                "pool_bytes_per_node": pool,
+                "pool_bytes_per_node": pool, "tiers": tiers,
                 "acked_blocks": len(acked),
                 "reads": sum(r["reads"] for r in results) + len(acked),
                 "wrong_bytes": sum(r["wrong_bytes"] for r in results) + wrong,
@@ -574,6 +622,10 @@ def main() -> None:
                     n for e, n in failed_visible.items() if e not in OUTCOME_UNKNOWN
                 ),
                 "misreported_examples": misreported,
+                "removes_acked": len(removed),
+                "removes_unknown": sum(len(r.get("remove_unknown", [])) for r in results),
+                "removed_visible": len(removed_visible),
+                "removed_visible_examples": removed_visible[:10],
                 "settled": settled,
                 "repairs": counters.get("repairs", 0),  # the last master lifetime's
                 "master_counters": dict(chaos.totals),
@@ -584,7 +636,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     failed = (report["wrong_bytes"] or report["lost_acked_blocks"] or not report["settled"]
-              or report["misreported_puts"])  # fmt: skip
+              or report["misreported_puts"] or report["removed_visible"])  # fmt: skip
     sys.exit(1 if failed or report["duplicate_node_ids_accepted"] else 0)
 
 

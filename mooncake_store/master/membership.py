@@ -258,6 +258,16 @@ class Membership(InventoryReconciliation):
         """The segments offered to readers and writers (not those of suspect nodes)."""
         return list(self._offered.values())
 
+    def nodes_expected(self) -> bool:
+        """Whether puts should wait for a node rather than fail for want of one: none offers a
+        DRAM segment, and the master restarted with objects whose segments have not mounted
+        again yet (within its restore grace)."""
+        return (
+            bool(self._orphans)
+            and not self._grace_over
+            and not any(s.tier is Tier.DRAM for s in self._offered.values())
+        )
+
     def segment(self, segment_id: int) -> Segment | None:
         """The segment, when it is offered (its node is not suspect)."""
         return self._offered.get(segment_id)

@@ -25,6 +25,7 @@ log = logging.getLogger("mooncake.master")
 
 FENCE_WAIT_S = 3.0  # a put waits this long at most for the room a write fence frees
 FENCE_WAITS_OFF_S = 10.0  # after a fence not taken in time, puts do not wait for this long
+NODES_BACK_WAIT_S = 3.0  # after a restart, a put waits this long at most for a node to mount
 
 
 class PutMethods(LeaseMethods):
@@ -83,7 +84,9 @@ class PutMethods(LeaseMethods):
         (membership.py `awaiting_first_fence`, normally for milliseconds: server.py
         `_first_fences`) goes elsewhere if it prefers none, but evicts nothing before that
         fence is in: one that finds no free room has it pushed (or waits for the push in
-        flight) and tries again; one that prefers such a node waits for it first."""
+        flight) and tries again; one that prefers such a node waits for it first.  Right after
+        a restart, before any node mounted again, a put waits for one (`_wait_for_nodes_back`)."""
+        await self._wait_for_nodes_back()
         await self._sit_out_remount_hold()
         evict = True
         if self.first_fences is not None and self.table.awaiting_nodes():
@@ -105,6 +108,14 @@ class PutMethods(LeaseMethods):
             for n in held:
                 results[n] = self._put_start(items[n], owner)
         return results
+
+    async def _wait_for_nodes_back(self) -> None:
+        """A master that restarted has no node mounted until they notice (a heartbeat or two):
+        a put waits for the first one (NODES_BACK_WAIT_S at most) rather than failing with
+        "no store node is mounted" (membership.py `nodes_expected`)."""
+        deadline = time.monotonic() + NODES_BACK_WAIT_S
+        while self.table.nodes_expected() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _sit_out_remount_hold(self) -> None:
         """Wait until no segment holds its room back (a timer may fire a little early)."""
