@@ -19,8 +19,9 @@ injected, every kind once per round in a random order:
   without it these two are skipped and listed under `faults_skipped`);
 - duplicate_node_id: a second node process started under a live node's id (must be refused).
 
-With `--nvme`, each node also has an NVMe tier and a DRAM pool half the size, so blocks move
-down and up between tiers while the faults happen; with `--removes R`, each client removes an
+With `--nvme`, each node also has an NVMe tier the size of its DRAM pool, and blocks go down
+to it past a fifth of the DRAM pool (and up again when read), so blocks move between tiers
+while the faults happen; with `--removes R`, each client removes an
 acknowledged block of its own after each put with probability R.
 
 The promise checked: an acknowledged block is never lost and a wrong byte is never returned;
@@ -511,9 +512,9 @@ def main() -> None:
     pool = pool_bytes(args.clients, args.max_puts, args.nodes)
     tiers: dict[str, object] = {"dram": f"{pool >> 20}MiB"}
     master_args = list(MASTER_ARGS)
-    if args.nvme:  # blocks go down to NVMe past half of a DRAM pool half the size
-        tiers = {"dram": f"{pool >> 21}MiB", "nvme": f"{pool >> 20}MiB"}
-        master_args += ["--dram-high-watermark", "0.5", "--dram-low-watermark", "0.3"]
+    if args.nvme:  # blocks go down to NVMe past a fifth of the DRAM pool; nothing is evicted
+        tiers = {"dram": f"{pool >> 20}MiB", "nvme": f"{pool >> 20}MiB"}
+        master_args += ["--dram-high-watermark", "0.2", "--dram-low-watermark", "0.1"]
     report: dict = {}
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)

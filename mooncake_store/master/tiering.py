@@ -119,7 +119,8 @@ class Tiering:
         """Move `src`'s lowest-value blocks to the slower `dst` until `src` is at `low` fill.
 
         `dst` makes room by evicting its own lowest-value blocks; a block that still does not
-        fit is evicted from `src` instead.
+        fit is evicted from `src` instead.  A `dst` that does not hand out room yet (mounted
+        again a moment ago) gets nothing this tick, and nothing is evicted for it.
         """
         tasks: list[MoveTask] = []
         target = low * src.allocator.capacity_bytes
@@ -139,10 +140,14 @@ class Tiering:
                 ):
                     break  # the room it made comes back with the answers: next tick
             started = self.table.begin_move(key, src, dst)
-            if started is None:
-                self.table.evict(key, src)
-            else:
+            if started is not None:
                 tasks.append(self._task(key, src, dst, *started))
+            elif any(r.segment_id == dst.segment_id for r in meta.replicas):
+                self.table.evict(key, src)  # a replica of it stays on this node's slower tier
+            elif dst.largest_free < extent:
+                self.table.evict(key, src)  # no room below: evicted instead
+            else:  # `dst` mounted again a moment ago: its room is not handed out yet
+                break  # demoted at a later tick (evicting now would drop a replica for nothing)
             projected -= extent
         return tasks
 
