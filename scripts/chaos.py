@@ -168,6 +168,12 @@ def client_main(
                 if acked and rng.random() < remove_rate:  # an acknowledged block, removed
                     i = rng.randrange(len(acked))
                     key = acked[i]
+                    try:  # a block lost already is a loss, not a remove (remove() says False)
+                        present = store.exists(key)
+                    except Exception:  # the master may be restarting: not known
+                        present = True
+                    if not present:
+                        continue  # left in `acked`: the final check counts it as lost
                     acked[i], acked_at[i] = acked[-1], acked_at[-1]  # not checked as stored
                     acked.pop()
                     acked_at.pop()

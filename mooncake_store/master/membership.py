@@ -258,6 +258,10 @@ class Membership(InventoryReconciliation):
         """The segments offered to readers and writers (not those of suspect nodes)."""
         return list(self._offered.values())
 
+    def room_held(self, seg: Segment) -> bool:
+        """Whether `seg` was mounted again a moment ago and hands out no room yet."""
+        return seg.writable_after > self._clock()
+
     def nodes_expected(self) -> bool:
         """Whether puts should wait for a node rather than fail for want of one: none offers a
         DRAM segment, and the master restarted with objects whose segments have not mounted

@@ -25,7 +25,7 @@ log = logging.getLogger("mooncake.master")
 
 FENCE_WAIT_S = 3.0  # a put waits this long at most for the room a write fence frees
 FENCE_WAITS_OFF_S = 10.0  # after a fence not taken in time, puts do not wait for this long
-NODES_BACK_WAIT_S = 3.0  # after a restart, a put waits this long at most for a node to mount
+NODES_BACK_WAIT_S = 1.5  # after a restart, a put waits this long at most for a node to mount
 
 
 class PutMethods(LeaseMethods):
@@ -71,7 +71,7 @@ class PutMethods(LeaseMethods):
         )
 
     async def _put_starts(
-        self, items: list[pb.PutStartItem], owner: int
+        self, items: list[pb.PutStartItem], owner: int, context: object = None
     ) -> list[pb.PutStartResult]:
         """put_start of each item.  Room that is about to be free goes to puts before any block
         is evicted: unused allocation leases (leases.py) and the extents of puts that ended
@@ -86,7 +86,7 @@ class PutMethods(LeaseMethods):
         fence is in: one that finds no free room has it pushed (or waits for the push in
         flight) and tries again; one that prefers such a node waits for it first.  Right after
         a restart, before any node mounted again, a put waits for one (`_wait_for_nodes_back`)."""
-        await self._wait_for_nodes_back()
+        await self._wait_for_nodes_back(context)
         await self._sit_out_remount_hold()
         evict = True
         if self.first_fences is not None and self.table.awaiting_nodes():
@@ -109,11 +109,21 @@ class PutMethods(LeaseMethods):
                 results[n] = self._put_start(items[n], owner)
         return results
 
-    async def _wait_for_nodes_back(self) -> None:
+    async def _wait_for_nodes_back(self, context: object = None) -> None:
         """A master that restarted has no node mounted until they notice (a heartbeat or two):
-        a put waits for the first one (NODES_BACK_WAIT_S at most) rather than failing with
-        "no store node is mounted" (membership.py `nodes_expected`)."""
-        deadline = time.monotonic() + NODES_BACK_WAIT_S
+        a put waits for the first one rather than failing with "no store node is mounted"
+        (membership.py `nodes_expected`): NODES_BACK_WAIT_S at most, and never past a gRPC
+        caller's deadline (a caller gone before the put starts would leave it pending, and
+        its retry refused as busy until the put times out; a framed call names no deadline,
+        and a framed client with a call timeout under NODES_BACK_WAIT_S can meet that)."""
+        if not self.table.nodes_expected():
+            return
+        limit = NODES_BACK_WAIT_S
+        remaining = getattr(context, "time_remaining", None)
+        left = remaining() if callable(remaining) else None
+        if left is not None:
+            limit = min(limit, max(0.0, left - 0.25))
+        deadline = time.monotonic() + limit
         while self.table.nodes_expected() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
@@ -193,7 +203,7 @@ class PutMethods(LeaseMethods):
     async def _put_start_batch(
         self, items: list[pb.PutStartItem], context: object
     ) -> list[pb.PutStartResult]:
-        results = await self._put_starts(items, self._owner(context))
+        results = await self._put_starts(items, self._owner(context), context)
         try:
             await self.persist_dirty()  # evicted blocks are gone for good before their space
         except Exception as exc:  # is reused: when that cannot be written, nobody gets it

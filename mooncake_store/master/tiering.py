@@ -120,9 +120,11 @@ class Tiering:
 
         `dst` makes room by evicting its own lowest-value blocks; a block that still does not
         fit is evicted from `src` instead.  A `dst` that does not hand out room yet (mounted
-        again a moment ago) gets nothing this tick, and nothing is evicted for it.
+        again a moment ago) gets nothing this tick, and nothing is evicted on either side.
         """
         tasks: list[MoveTask] = []
+        if self.table.room_held(dst):  # mounted again a moment ago: demote at a later tick,
+            return tasks  # and evict nothing on either side for it meanwhile
         target = low * src.allocator.capacity_bytes
         projected = src.allocator.used_bytes
         while projected > target and len(tasks) < budget:
@@ -140,14 +142,15 @@ class Tiering:
                 ):
                     break  # the room it made comes back with the answers: next tick
             started = self.table.begin_move(key, src, dst)
+            now = self.table.get(key)  # make_room may have changed it
             if started is not None:
                 tasks.append(self._task(key, src, dst, *started))
-            elif any(r.segment_id == dst.segment_id for r in meta.replicas):
+            elif now is not None and any(r.segment_id == dst.segment_id for r in now.replicas):
                 self.table.evict(key, src)  # a replica of it stays on this node's slower tier
             elif dst.largest_free < extent:
                 self.table.evict(key, src)  # no room below: evicted instead
-            else:  # `dst` mounted again a moment ago: its room is not handed out yet
-                break  # demoted at a later tick (evicting now would drop a replica for nothing)
+            else:  # refused for another reason: nothing is evicted for it
+                break
             projected -= extent
         return tasks
 

@@ -437,6 +437,25 @@ def test_a_demotion_to_a_tier_mounted_a_moment_ago_waits_instead_of_evicting():
     table.validate()
 
 
+def test_a_demotion_to_a_held_nvme_tier_evicts_nothing_there_either():
+    """A held NVMe tier without room: making room there for a demotion that cannot start this
+    tick dropped its blocks for nothing (found by review of b4cb341)."""
+    clock = Clock()
+    table = ObjectTable(TableConfig(), clock=clock, policy=LruPolicy())
+    node = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
+    inventory = [BlockRecord(f"nv{i}", i * MiB, MiB, 5) for i in range(7)]  # 7/8: below 0.9
+    segments = [(SegmentInfo(node, DRAM, Tier.DRAM, 4 * MiB), None),
+                (SegmentInfo(node, NVME, Tier.NVME, 8 * MiB), inventory)]  # fmt: skip
+    table.mount(node, segments, remount=True)
+    table.fence_acked(table.segment(DRAM), 0, frozenset())
+    clock.now += 1
+    for i in range(2):
+        commit(table, f"k{i}", size=2 * MiB)
+    table.segment(NVME).writable_after = clock.now + 0.3
+    assert tiering_of(table).plan() == [] and table.counters["evictions"] == 0
+    table.validate()
+
+
 def test_corrupt_source_is_dropped():
     table, tiering, _ = make()
     for i in range(4):
