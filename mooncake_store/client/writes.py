@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.client.device import device_bytes, is_device_buffer, to_host
@@ -29,8 +27,8 @@ from mooncake_store.client.master_client import (
     put_end_call,
     put_revoke_call,
     put_start_call,
-    report_corrupt_call,
 )
+from mooncake_store.client.put_items import PendingPut, check_conflicts, heal_conflicts
 from mooncake_store.client.shm import CopyStopped, Guard
 from mooncake_store.client.speculative import LocationMemory
 from mooncake_store.client.steps import (
@@ -43,7 +41,7 @@ from mooncake_store.client.steps import (
     parts_checksum,
     split_like,
 )
-from mooncake_store.client.transport import Buffer, Hasher
+from mooncake_store.client.transport import Hasher
 from mooncake_store.client.types import PutPlan, PutResult, PutSpec, ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES
 from mooncake_store.common.errors import (
@@ -58,38 +56,6 @@ from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
 
 log = logging.getLogger("mooncake.client")
-
-
-@dataclass(slots=True)
-class _Pending:
-    key: str
-    parts: list[memoryview]  # the value, in order (one part for a plain put)
-    spec: PutSpec
-    plan: PutPlan | None = None
-    failed: list[int] | None = None
-    error: MooncakeError | None = None
-    checksum: int = 0
-    device: Any = None  # a device value (flat uint8 cupy view); `parts` empty until needed
-    leased: bool = False  # written into a lease (plan: the lease's extents)
-    retryable: bool = False  # every failed write of it was a data-path refusal or failure
-
-    def host_parts(self) -> list[memoryview]:
-        """The value in host memory: a device value is copied to the host the first time."""
-        if self.device is not None and not self.parts:
-            self.parts = [as_readable(to_host(self.device))]
-        return self.parts
-
-    @property
-    def payload(self) -> Buffer:
-        return self.parts[0] if len(self.parts) == 1 else self.parts
-
-    def landed(self) -> bool:
-        """True once at least one replica was written."""
-        return (
-            self.plan is not None
-            and self.failed is not None
-            and len(self.failed) < len(self.plan.replicas)
-        )
 
 
 class WriteFlows(LocationMemory):
@@ -142,7 +108,7 @@ class WriteFlows(LocationMemory):
             if extra is not None and len(extra) != len(pairs):
                 raise InvalidArgumentError(f"{len(pairs)} items but {len(extra)} {name}")
         wanted = self._replicas(replicas)
-        pending: list[_Pending] = []
+        pending: list[PendingPut] = []
         seen: set[str] = set()
         for i, (key, value) in enumerate(pairs):
             validate_key(key)
@@ -171,7 +137,7 @@ class WriteFlows(LocationMemory):
                 bytes(tags[i]) if tags is not None else b"", pin, pin_ttl_s,
                 soft_pin_ttl_s, tuple(preferred_nodes),
             )  # fmt: skip
-            pending.append(_Pending(key, [v for v in views if len(v)], spec, device=device))
+            pending.append(PendingPut(key, [v for v in views if len(v)], spec, device=device))
         if not pending:
             return []
         committed: dict[str, int] = {}
@@ -194,7 +160,7 @@ class WriteFlows(LocationMemory):
                 results.append(PutResult(key, 0, True))
         return results
 
-    def _remember_puts(self, pending: list[_Pending], committed: dict[str, int]) -> None:
+    def _remember_puts(self, pending: list[PendingPut], committed: dict[str, int]) -> None:
         """Remember where the committed puts landed in same-host pools (client/speculative.py:
         a write grant names its put's generation, a leased one its lease's, the object's)."""
         for p in pending:
@@ -208,7 +174,7 @@ class WriteFlows(LocationMemory):
                     break
 
     def _put_two_phase(
-        self, pending: list[_Pending], committed: dict[str, int], leasing: bool
+        self, pending: list[PendingPut], committed: dict[str, int], leasing: bool
     ) -> Flow[None]:
         """PutStart, copy, PutEnd; once more, from a new PutStart, for the puts whose every
         replica the data path refused or failed (a node mounted again or fenced meanwhile ends
@@ -229,8 +195,8 @@ class WriteFlows(LocationMemory):
                 p.error = error  # why the put failed is the data path's error
 
     def _two_phase_round(
-        self, pending: list[_Pending], committed: dict[str, int], leasing: bool
-    ) -> Flow[list[_Pending]]:
+        self, pending: list[PendingPut], committed: dict[str, int], leasing: bool
+    ) -> Flow[list[PendingPut]]:
         """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes).
         Returns the puts revoked because no replica could be written."""
         plans = yield put_start_call([p.spec for p in pending])
@@ -239,10 +205,10 @@ class WriteFlows(LocationMemory):
                 p.error = plan
             else:
                 p.plan = plan
-        self._check_conflicts(pending)
+        check_conflicts(pending, self.counters)
         conflicted = [p for p in pending if isinstance(p.error, ObjectConflictError)]
         if conflicted:
-            yield from self._heal_conflicts(conflicted)
+            yield from heal_conflicts(conflicted, self.counters)
         to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
         try:
             # Replicas in pools already mapped on this host are plain copies: no task each.
@@ -279,8 +245,8 @@ class WriteFlows(LocationMemory):
         return to_revoke
 
     def _put_leased(
-        self, pending: list[_Pending], committed: dict[str, int]
-    ) -> Flow[list[_Pending]]:
+        self, pending: list[PendingPut], committed: dict[str, int]
+    ) -> Flow[list[PendingPut]]:
         """Put `pending` into held leases with one master call (client/leases.py); returns the
         items that must go the two-phase way (no lease held, or their lease failed)."""
         assert self._leases is not None
@@ -357,49 +323,11 @@ class WriteFlows(LocationMemory):
             log.info("could not revoke %d failed puts (the master reclaims them): %s",
                      len(keys), exc)  # fmt: skip
 
-    def _check_conflicts(self, pending: list[_Pending]) -> None:
-        """A key already stored with another value is a conflict, not a duplicate: the stored
-        value stays and the put fails with ObjectConflictError (a cache-poisoning attempt, or
-        two writers disagreeing about a content-addressed key).  Hashes only deduplicated puts."""
-        for p in pending:
-            plan = p.plan
-            if plan is None or not plan.already_exists or plan.existing_checksum is None:
-                continue
-            mine = parts_checksum(p.parts)
-            if mine != plan.existing_checksum:
-                self.counters["put_conflicts"] += 1
-                p.error = ObjectConflictError(
-                    f"{p.key!r} is already stored with a different value (checksum "
-                    f"{plan.existing_checksum:016x}, this put's {mine:016x}); the "
-                    "stored value is kept: remove it first to replace it"
-                )
-
-    def _heal_conflicts(self, conflicted: list[_Pending]) -> Flow[None]:
-        """Ask the master to check the stored replicas of conflicting keys (a report naming no
-        replica): where every one fails its checksum (a put committed with a wrong one), the
-        master deletes the key and this put starts again, so it heals without a read first.
-        A sound stored value keeps the conflict."""
-        reports: list[tuple[str, int, list[ReplicaLocation]]] = [
-            (p.key, (p.plan.existing_checksum or 0) if p.plan else 0, []) for p in conflicted
-        ]
-        try:
-            outcomes = yield report_corrupt_call(reports)
-        except MooncakeError:
-            return  # best effort: the conflict stands
-        healed = [p for p, err in zip(conflicted, outcomes, strict=True) if err is None]
-        if not healed:
-            return
-        plans = yield put_start_call([p.spec for p in healed])
-        for p, plan in zip(healed, plans, strict=True):
-            self.counters["put_conflicts"] -= 1
-            p.error, p.plan = (plan, None) if isinstance(plan, MooncakeError) else (None, plan)
-        self._check_conflicts(healed)
-
-    def _write_remote(self, pending: list[_Pending]) -> Flow[None]:
+    def _write_remote(self, pending: list[PendingPut]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""
         yield MapPools([loc for p in pending for loc in p.plan.replicas])  # type: ignore[union-attr]
-        remote: list[tuple[_Pending, ReplicaLocation]] = []
-        unhashed: list[_Pending] = []
+        remote: list[tuple[PendingPut, ReplicaLocation]] = []
+        unhashed: list[PendingPut] = []
         for p in pending:
             assert p.plan is not None
             p.failed = []
@@ -450,7 +378,7 @@ class WriteFlows(LocationMemory):
             if p.landed():
                 p.error = None  # at least one replica landed: the put succeeds
 
-    def _write_local(self, p: _Pending) -> bool:
+    def _write_local(self, p: PendingPut) -> bool:
         """Write every replica by plain copies when all are in mapped same-host pools."""
         assert p.plan is not None
         pools = [self._mapped(loc) for loc in p.plan.replicas]
@@ -475,7 +403,7 @@ class WriteFlows(LocationMemory):
         p.failed = []
         return True
 
-    def _dma_into(self, p: _Pending, pools: list[memoryview]) -> None:
+    def _dma_into(self, p: PendingPut, pools: list[memoryview]) -> None:
         """A device value: one DMA device -> the first replica's pool (registered with CUDA),
         hashed as its pieces land; further same-host replicas are copies of that pool extent."""
         from mooncake_store.client.cuda import cuda_path
@@ -491,7 +419,7 @@ class WriteFlows(LocationMemory):
 
     def _copy_into(
         self,
-        p: _Pending,
+        p: PendingPut,
         loc: ReplicaLocation,
         pool: memoryview,
         *,
