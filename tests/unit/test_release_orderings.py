@@ -9,6 +9,7 @@ then."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 from mooncake_store.common.blocks import BlockRecord
@@ -17,6 +18,20 @@ from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.releases import BlockName
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from tests.unit.test_tiering import DRAM, NVME, Clock, MiB, commit, make, released
+
+
+@contextlib.asynccontextmanager
+async def master_on(tmp_path, **config):  # type: ignore[no-untyped-def]
+    """A master on `tmp_path` (auth off, `config` on top), started and then stopped."""
+    from mooncake_store.master.config import MasterConfig
+    from mooncake_store.master.server import MasterServer
+
+    server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off", **config))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 def hold_after_delete(store, key: str) -> asyncio.Event:  # type: ignore[no-untyped-def]
@@ -67,15 +82,10 @@ def test_the_tick_sends_no_release_when_another_write_failed_during_its_own(tmp_
     out though the records that let the block go are not durable."""
     import asyncio
 
-    from mooncake_store.master.config import MasterConfig
-    from mooncake_store.master.server import MasterServer
-
     SEG = 7
 
     async def run():
-        server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off"))
-        await server.start()
-        try:
+        async with master_on(tmp_path) as server:
             table, store = server.table, server._store
             server.tiering.plan = lambda busy=(): []
             server.replication.plan = lambda busy=(): []
@@ -135,8 +145,6 @@ def test_the_tick_sends_no_release_when_another_write_failed_during_its_own(tmp_
             await tick
             await asyncio.sleep(0.05)
             return sent
-        finally:
-            await server.stop()
 
     sent = asyncio.run(run())
     for durable_then in sent:
@@ -153,13 +161,8 @@ def test_a_remove_racing_a_move_and_the_ticks_write_leaves_no_record_behind(tmp_
     master run restores the removed key."""
     import asyncio
 
-    from mooncake_store.master.config import MasterConfig
-    from mooncake_store.master.server import MasterServer
-
     async def run():
-        server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off"))
-        await server.start()
-        try:
+        async with master_on(tmp_path) as server:
             table, store, servicer = server.table, server._store, server._servicer
             node = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
             table.mount(
@@ -188,8 +191,6 @@ def test_a_remove_racing_a_move_and_the_ticks_write_leaves_no_record_behind(tmp_
             await servicer.persist_dirty()  # the next tick's
             assert statuses[0].code == 0 and not table.exists("k")
             return [m.key for m in store.load()]
-        finally:
-            await server.stop()
 
     stored = asyncio.run(run())
     assert "k" not in stored, "the removed key's record is still in RocksDB"
@@ -269,13 +270,8 @@ def test_a_remove_whose_key_was_lost_with_its_nvme_node_meanwhile_stays_removed(
     is False), so k's detached block is never taken; n's next mount adopts the removed key."""
     import asyncio
 
-    from mooncake_store.master.config import MasterConfig
-    from mooncake_store.master.server import MasterServer
-
     async def run():
-        server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off"))
-        await server.start()
-        try:
+        async with master_on(tmp_path) as server:
             table, store, servicer = server.table, server._store, server._servicer
             n = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
             nvme = [(SegmentInfo(n, NVME, Tier.NVME, 8 * MiB), [BlockRecord("k", 0, MiB, 7)])]
@@ -292,8 +288,6 @@ def test_a_remove_whose_key_was_lost_with_its_nvme_node_meanwhile_stays_removed(
             assert status.code == 0  # the client is told k is removed
             table.mount(n, nvme)  # n comes back, k still indexed there
             return table.exists("k")
-        finally:
-            await server.stop()
 
     assert not asyncio.run(run()), "an acknowledged remove came back with the node"
 

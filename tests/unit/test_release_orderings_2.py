@@ -16,7 +16,7 @@ from mooncake_store.master.eviction import LruPolicy
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from mooncake_store.master.releases import BlockName
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
-from tests.unit.test_release_orderings import hold_after_delete
+from tests.unit.test_release_orderings import hold_after_delete, master_on
 from tests.unit.test_tiering import DRAM, NVME, Clock, MiB, commit, make, released
 
 
@@ -66,16 +66,6 @@ class FakeNode:
         return pb.Status(code=0)
 
 
-def _server(tmp_path):
-    from mooncake_store.master.config import MasterConfig
-    from mooncake_store.master.server import MasterServer
-
-    server = MasterServer(
-        MasterConfig(data_dir=str(tmp_path), port=0, auth="off", tick_interval_s=3600.0)
-    )
-    return server
-
-
 def _put(table, key, replicas=1, nodes=("n",), checksum=7):
     table.put_start(key, MiB, replicas, preferred_nodes=list(nodes))
     table.put_end(key, checksum)
@@ -92,9 +82,7 @@ def test_a_move_planned_for_a_mount_that_went_during_the_ticks_write_is_not_sent
     key from its inventory."""
 
     async def run():
-        server = _server(tmp_path)
-        await server.start()
-        try:
+        async with master_on(tmp_path, tick_interval_s=3600.0) as server:
             table, store, servicer = server.table, server._store, server._servicer
             server.replication.plan = lambda busy=(): []
             server.drains.plan = lambda busy=(), budget=32: []
@@ -158,8 +146,6 @@ def test_a_move_planned_for_a_mount_that_went_during_the_ticks_write_is_not_sent
                 ],
             )
             return sent, table.exists("k0")
-        finally:
-            await server.stop()
 
     sent, back = asyncio.run(run())
     assert not back, f"the removed key came back (moves sent to the new mount: {sent})"
@@ -233,9 +219,7 @@ def test_a_remove_acknowledged_while_its_key_was_lost_and_put_again_stays_remove
     adopts the removed block: the acknowledged remove is undone (old bytes under the key)."""
 
     async def run():
-        server = _server(tmp_path)
-        await server.start()
-        try:
+        async with master_on(tmp_path, tick_interval_s=3600.0) as server:
             table, store, servicer = server.table, server._store, server._servicer
             n = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
             nvme = [(SegmentInfo(n, NVME, Tier.NVME, 8 * MiB), [BlockRecord("k", 0, MiB, 7)])]
@@ -259,8 +243,6 @@ def test_a_remove_acknowledged_while_its_key_was_lost_and_put_again_stays_remove
             table.mount(n, nvme)  # n comes back, the removed block still indexed there
             meta = table.get("k") if table.exists("k") else None
             return None if meta is None else meta.checksum
-        finally:
-            await server.stop()
 
     back = asyncio.run(run())
     assert back is None, f"the removed block (checksum {back}) came back under k"
@@ -274,9 +256,7 @@ def test_moves_planned_by_a_tick_that_fails_before_its_write_are_called_off(tmp_
     NVMe extent reserved and its detached record kept."""
 
     async def run():
-        server = _server(tmp_path)
-        await server.start()
-        try:
+        async with master_on(tmp_path, tick_interval_s=3600.0) as server:
             table, servicer = server.table, server._servicer
             server._first_fences = lambda *a, **k: []
             table.take_fences = lambda: []
@@ -308,8 +288,6 @@ def test_moves_planned_by_a_tick_that_fails_before_its_write_are_called_off(tmp_
                 await server._tick()
                 await asyncio.sleep(0.02)
             return table.get("k0").moving, len(table._moves), len(table.detached)
-        finally:
-            await server.stop()
 
     moving, moves, detached = asyncio.run(run())
     assert not moving and not moves and not detached, (
@@ -366,9 +344,7 @@ def test_a_remove_acknowledged_while_its_node_restarted_stays_removed(tmp_path):
     readable, and its adoption's record goes to RocksDB after the delete."""
 
     async def run():
-        server = _server(tmp_path)
-        await server.start()
-        try:
+        async with master_on(tmp_path, tick_interval_s=3600.0) as server:
             table, store, servicer = server.table, server._store, server._servicer
             n = NodeInfo("n", 1, "n:data", "shm", "n:control", b"k" * 32)
             inventory = [BlockRecord("k", 0, MiB, 7)]
@@ -383,8 +359,6 @@ def test_a_remove_acknowledged_while_its_node_restarted_stays_removed(tmp_path):
             (status,) = await removing
             await servicer.persist_dirty()
             return status.code, table.exists("k"), [m.key for m in store.load()]
-        finally:
-            await server.stop()
 
     code, exists, stored = asyncio.run(run())
     assert code == 0

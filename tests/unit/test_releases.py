@@ -10,6 +10,7 @@ import asyncio
 
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.releases import BlockName, OwedReleases
+from tests.unit.test_release_orderings import master_on
 
 SEG, OTHER = 7, 8
 MiB = 1 << 20
@@ -237,14 +238,10 @@ def test_the_tick_sends_no_release_before_what_let_its_block_go_is_durable(tmp_p
     or a master stopped before the write lands restores the object at an NVMe offset its node
     has forgotten (review of 23631a0).  Once the write is in, the next tick sends it."""
     from mooncake_store.common.blocks import BlockRecord
-    from mooncake_store.master.config import MasterConfig
     from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
-    from mooncake_store.master.server import MasterServer
 
     async def run() -> tuple[list[int], list[int], int]:
-        server = MasterServer(MasterConfig(data_dir=str(tmp_path), port=0, auth="off"))
-        await server.start()
-        try:
+        async with master_on(tmp_path) as server:
             table, store = server.table, server._store
             # The node is mounted straight on the table: the planners, fences and Release
             # calls that would reach it are left out (only the tick's order is under test).
@@ -291,8 +288,6 @@ def test_the_tick_sends_no_release_before_what_let_its_block_go_is_durable(tmp_p
             await server._tick()
             await asyncio.sleep(0.05)
             return before, sent, len(landed)
-        finally:
-            await server.stop()
 
     before, sent, landed = asyncio.run(run())
     assert before == []  # nothing went out while the record was on its way
