@@ -190,8 +190,7 @@ class Membership(InventoryReconciliation):
                 self.detached.forget_segment(info.segment_id)  # removed keys' are owed already
                 owed = self.pending_releases(info.segment_id)
             else:  # owed before its tier was known (not mounted since a restart): none is
-                for offset in self.releases.at_mount(info.segment_id):
-                    self.releases.drop(info.segment_id, offset)
+                self.releases.forget_segment(info.segment_id)
             self._adopt(seg, restored, inventory, owed)
         for key in dropped.deleted_keys:
             self._dirty.setdefault(key, False)  # unless adopted again just now

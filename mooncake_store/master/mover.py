@@ -12,7 +12,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -31,6 +31,8 @@ from mooncake_store.master.segments import Segment
 from mooncake_store.master.tiering import MoveTask, Tiering
 
 log = logging.getLogger("mooncake.master")
+
+T = TypeVar("T", MoveTask, CopyTask)
 
 _REPEAT_WARNING_S = 60.0
 
@@ -116,14 +118,23 @@ class NodeMover:
             by_node[task.node_id].append(task)
         return {n: self._run_node(n, ts) for n, ts in by_node.items()}
 
-    def _live(self, *segs: Segment) -> bool:
-        """Whether each of `segs` is still the mount it was when the task was planned."""
-        return all(self.table.mounted_segment(s.segment_id) is s for s in segs)
+    def _live(self, tasks: list[T], complete: Callable[[T, bool], object]) -> list[T]:
+        """The tasks whose source and destination are still the mounts they were planned for;
+        the others (a mount gone while the tick's write was on its way) end as failed."""
+        mounted = self.table.mounted_segment
+        live = []
+        for task in tasks:
+            if (
+                mounted(task.src.segment_id) is task.src
+                and mounted(task.dst.segment_id) is task.dst
+            ):
+                live.append(task)
+            else:
+                complete(task, False)
+        return live
 
     async def _run_node(self, node_id: str, tasks: list[MoveTask]) -> None:
-        for task in [t for t in tasks if not self._live(t.src, t.dst)]:
-            self.tiering.complete(task, False)  # planned for a mount gone since (the tick's
-        tasks = [t for t in tasks if self._live(t.src, t.dst)]  # write came in between)
+        tasks = self._live(tasks, self.tiering.complete)
         if not tasks:
             return
         stub = self._stub(node_id)
@@ -157,9 +168,7 @@ class NodeMover:
 
     async def _copy_node(self, node_id: str, tasks: list[CopyTask],
                          replication: Replication) -> None:  # fmt: skip
-        for task in [t for t in tasks if not self._live(t.src, t.dst)]:
-            replication.complete(task, False)  # planned for a mount gone since
-        tasks = [t for t in tasks if self._live(t.src, t.dst)]
+        tasks = self._live(tasks, replication.complete)
         if not tasks:
             return
         stub = self._stub(node_id)
