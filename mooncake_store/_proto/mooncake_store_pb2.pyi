@@ -87,7 +87,7 @@ class ReplicaLocation(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., grant: _Optional[bytes] = ..., tier: _Optional[str] = ..., grpc_endpoint: _Optional[str] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s", "soft_pin_ttl_s", "preferred_nodes")
+    __slots__ = ("key", "size_bytes", "replicas", "fingerprint", "parent_key", "tag", "pin", "pin_ttl_s", "soft_pin_ttl_s", "preferred_nodes", "attempt", "retry")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,8 @@ class PutStartItem(_message.Message):
     PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
     SOFT_PIN_TTL_S_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_NODES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     key: str
     size_bytes: int
     replicas: int
@@ -108,7 +110,9 @@ class PutStartItem(_message.Message):
     pin_ttl_s: float
     soft_pin_ttl_s: float
     preferred_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ..., soft_pin_ttl_s: _Optional[float] = ..., preferred_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    attempt: int
+    retry: int
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., fingerprint: _Optional[bytes] = ..., parent_key: _Optional[str] = ..., tag: _Optional[bytes] = ..., pin: _Optional[bool] = ..., pin_ttl_s: _Optional[float] = ..., soft_pin_ttl_s: _Optional[float] = ..., preferred_nodes: _Optional[_Iterable[str]] = ..., attempt: _Optional[int] = ..., retry: _Optional[int] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("status", "already_exists", "replicas", "existing_checksum", "has_existing_checksum")

@@ -28,6 +28,7 @@ from mooncake_store.client.device import HostStaging, PinnedStaging
 from mooncake_store.client.leases import LeasePool, leased_put_call
 from mooncake_store.client.master_client import MasterClient
 from mooncake_store.client.metadata import MetadataFlows
+from mooncake_store.client.put_attempts import PutAttempts
 from mooncake_store.client.ranges import RangeFlows
 from mooncake_store.client.reads import ReadFlows
 from mooncake_store.client.shm import ShmMapper
@@ -97,6 +98,8 @@ class ClientFlows(ReadFlows, WriteFlows, RangeFlows, MetadataFlows):
         self._pinned = PinnedStaging()
         #: Allocation leases (client/leases.py): one master round trip per steady put.
         self._leases: LeasePool | None = LeasePool() if leases else None
+        #: Puts whose call got no reply, named again by the next put of their key.
+        self._attempts = PutAttempts()
         self._staging = HostStaging()
         #: Transfers by data path, and replicas that failed their checksum on read.
         #: Reads served per tier (dram_reads, nvme_reads, gpu_reads).  Master calls by

@@ -144,7 +144,12 @@ def each_failed(error: MooncakeError, count: int) -> list[MooncakeError]:
     return [error] * count
 
 
-def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | MooncakeError]]:
+def put_start_call(
+    items: Sequence[PutSpec], attempts: Sequence[tuple[int, int]] | None = None
+) -> MasterCall[list[PutPlan | MooncakeError]]:
+    """BatchPutStart of `items`; `attempts`: each one's (attempt id, retry count), see
+    client/put_attempts.py."""
+    tries = attempts if attempts is not None else [(0, 0)] * len(items)
     request = pb.BatchPutStartRequest(
         items=[
             pb.PutStartItem(
@@ -158,8 +163,10 @@ def put_start_call(items: Sequence[PutSpec]) -> MasterCall[list[PutPlan | Moonca
                 pin_ttl_s=i.pin_ttl_s,
                 soft_pin_ttl_s=i.soft_pin_ttl_s,
                 preferred_nodes=i.preferred_nodes,
+                attempt=attempt,
+                retry=retry,
             )
-            for i in items
+            for i, (attempt, retry) in zip(items, tries, strict=True)
         ]
     )
 

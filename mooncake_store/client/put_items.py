@@ -29,6 +29,7 @@ class PendingPut:
     device: Any = None  # a device value (flat uint8 cupy view); `parts` empty until needed
     leased: bool = False  # written into a lease (plan: the lease's extents)
     retryable: bool = False  # every failed write of it was a data-path refusal or failure
+    attempt: tuple[int, int] = (0, 0)  # its PutStart's (attempt id, retry): put_attempts.py
 
     def host_parts(self) -> list[memoryview]:
         """The value in host memory: a device value is copied to the host the first time."""

@@ -28,6 +28,7 @@ from mooncake_store.client.master_client import (
     put_revoke_call,
     put_start_call,
 )
+from mooncake_store.client.put_attempts import PutAttempts, unanswered
 from mooncake_store.client.put_items import PendingPut, check_conflicts, heal_conflicts
 from mooncake_store.client.shm import CopyStopped, Guard
 from mooncake_store.client.speculative import LocationMemory
@@ -65,6 +66,7 @@ class WriteFlows(LocationMemory):
     max_value_bytes: int
     counters: dict[str, int]
     _leases: LeasePool | None
+    _attempts: PutAttempts
 
     def put_flow(
         self,
@@ -199,12 +201,24 @@ class WriteFlows(LocationMemory):
     ) -> Flow[list[PendingPut]]:
         """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes).
         Returns the puts revoked because no replica could be written."""
-        plans = yield put_start_call([p.spec for p in pending])
-        for p, plan in zip(pending, plans, strict=True):
+        attempts = self._attempts.start([p.key for p in pending])
+        try:
+            plans = yield put_start_call([p.spec for p in pending], attempts)
+        except BaseException as exc:
+            if unanswered(exc):
+                for p, attempt in zip(pending, attempts, strict=True):
+                    self._attempts.lost(p.key, attempt)
+            raise
+        for p, plan, attempt in zip(pending, plans, attempts, strict=True):
+            p.attempt = attempt
             if isinstance(plan, MooncakeError):
                 p.error = plan
+                if unanswered(plan):
+                    self._attempts.lost(p.key, attempt)
+                    continue
             else:
                 p.plan = plan
+            self._attempts.answered(p.key, attempt)
         check_conflicts(pending, self.counters)
         conflicted = [p for p in pending if isinstance(p.error, ObjectConflictError)]
         if conflicted:
@@ -221,25 +235,33 @@ class WriteFlows(LocationMemory):
             # Cancelled or broken mid-write: leave nothing pending behind (best effort; the
             # master also reclaims puts that never end).
             if to_write:
-                yield from self._revoke([p.key for p in to_write])
+                yield from self._revoke(to_write)
             raise
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
         if to_end:
             items = [(p.key, p.checksum, p.failed or ()) for p in to_end]
             wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
-            if leasing and wanted:
-                ends, granted = yield put_end_leases_call(items, wanted)
-                self._leases.add(granted, wanted)  # type: ignore[union-attr]
-            else:
-                ends = yield put_end_call(items)
+            try:
+                if leasing and wanted:
+                    ends, granted = yield put_end_leases_call(items, wanted)
+                    self._leases.add(granted, wanted)  # type: ignore[union-attr]
+                else:
+                    ends = yield put_end_call(items)
+            except BaseException as exc:
+                if unanswered(exc):
+                    for p in to_end:
+                        self._attempts.lost(p.key, p.attempt)
+                raise
             for p, end in zip(to_end, ends, strict=True):
                 if isinstance(end, MooncakeError):
                     p.error = end
+                    if unanswered(end):
+                        self._attempts.lost(p.key, p.attempt)
                 else:
                     committed[p.key] = end
         if to_revoke:
-            yield from self._revoke([p.key for p in to_revoke])
+            yield from self._revoke(to_revoke)
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
         return to_revoke
@@ -314,14 +336,17 @@ class WriteFlows(LocationMemory):
             log.info("could not release %d leases (the master reclaims them): %s",
                      len(lease_ids), exc)  # fmt: skip
 
-    def _revoke(self, keys: list[str]) -> Flow[None]:
+    def _revoke(self, failed: list[PendingPut]) -> Flow[None]:
         """Revoke puts that failed, best effort: a revoke that cannot reach the master does
-        not hide why the put failed (the master reclaims a put that never ends anyway)."""
+        not hide why the put failed (the master reclaims a put that never ends anyway, and
+        this client's next put of the key revokes it: put_attempts.py)."""
         try:
-            yield put_revoke_call(keys)
+            yield put_revoke_call([p.key for p in failed])
         except MooncakeError as exc:
+            for p in failed:
+                self._attempts.lost(p.key, p.attempt)
             log.info("could not revoke %d failed puts (the master reclaims them): %s",
-                     len(keys), exc)  # fmt: skip
+                     len(failed), exc)  # fmt: skip
 
     def _write_remote(self, pending: list[PendingPut]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""

@@ -56,6 +56,7 @@ class ObjectColumns:
         self._parent: list[str] = []  # the parent's own key string when it is stored
         self._more: dict[int, tuple[Replica, ...]] = {}  # slot -> replicas, when not one
         self._cold: dict[int, ColdFields] = {}
+        self._attempt: dict[int, tuple[int, int]] = {}  # pending put's slot -> (attempt, retry)
         self._numeric = (
             self._state, self._size, self._checksum, self._created, self._lease, self._reads,
             self._last_read, self._window_start, self._window_reads, self._wanted,
@@ -115,6 +116,7 @@ class ObjectColumns:
         self._parent[slot] = ""
         self._more.pop(slot, None)
         self._cold.pop(slot, None)
+        self._attempt.pop(slot, None)
         self._free_slots.append(slot)
 
     def _replicas(self, slot: int) -> tuple[Replica, ...]:

@@ -170,6 +170,7 @@ COUNTER_HELP = {
     "puts_deduplicated": "Puts of a key that already existed.",
     "puts_revoked": "Puts revoked (every replica failed, or the client gave up).",
     "puts_reclaimed": "Puts reclaimed after --put-timeout.",
+    "puts_superseded": "Pending puts revoked for their client's retry (the first reply was lost).",
     "removes": "Objects removed.",
     "gets": "Reads granted (replica lists served).",
     "replicas_dropped": "Replicas dropped (node lost, corrupt, or evicted).",

@@ -42,7 +42,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from mooncake_store.common.errors import ObjectBusyError, ObjectNotFoundError
-from mooncake_store.master.columns import COMPLETE, FREE, PROCESSING
+from mooncake_store.master.columns import COMMITTING, COMPLETE, FREE, PROCESSING
 from mooncake_store.master.config import MasterConfig
 from mooncake_store.master.detached import DetachedBlocks
 from mooncake_store.master.eviction import EvictionPolicy, LruPolicy
@@ -146,8 +146,8 @@ class ObjectTable(ObjectReads):
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "puts_started", "puts_committed", "puts_deduplicated", "puts_revoked",
-                "puts_reclaimed", "gets", "removes", "nodes_expired", "nodes_suspected",
-                "replicas_dropped",
+                "puts_reclaimed", "puts_superseded", "gets", "removes", "nodes_expired",
+                "nodes_suspected", "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
                 "objects_corrupt", "replicas_corrupt", "corrupt_reports_refuted", "objects_lost",
             ),
@@ -376,6 +376,8 @@ class ObjectTable(ObjectReads):
         assert sorted(self._free_slots) == [s for s, key in enumerate(self._key) if key is None], (
             "free slots out of step with the key column"
         )
+        for slot in self._attempt:
+            assert self._state[slot] in (PROCESSING, COMMITTING), "an attempt outlived its put"
         for slot in self._free_slots:
             assert self._state[slot] == FREE and slot not in self._more
         moves = self._move_extents()

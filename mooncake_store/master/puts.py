@@ -76,6 +76,8 @@ class PutLifecycle(EvictionVictims):
         soft_pin_ttl_s: float = 0.0,
         preferred_nodes: Sequence[str] = (),
         evict: bool = True,
+        attempt: int = 0,
+        retry: int = 0,
         lease_room: Callable[[Segment], bool] | None = None,
     ) -> PutStartOutcome:
         """Allocate replicas of a new object on distinct nodes (best effort on the count).
@@ -90,7 +92,13 @@ class PutLifecycle(EvictionVictims):
         `max_pending_share` of a segment held by pending puts; with `evict` False, NoSpaceError
         instead.  `lease_room` makes it an allocation lease (leases.py): only segments it
         accepts, free room only (never an eviction), and every replica a plain put would get
-        or none.
+        or none.  `attempt` (nonzero) is the client's id of this put and `retry` how often
+        it was sent again after a reply that never came: a put of `key` pending under the same
+        id with a lower `retry` is an earlier try whose reply never reached the client, so
+        nobody writes with its grant; it is revoked and this one starts in its place
+        (`puts_superseded`).  A later try already pending is not (this one is the stale one);
+        nor is a sealed one (its PutEnd came): the caller waits for its commit first
+        (`pending_attempt`).
 
         Raises:
             InvalidKeyError / InvalidValueError / InvalidArgumentError: bad key, size or metadata.
@@ -121,6 +129,12 @@ class PutLifecycle(EvictionVictims):
             math.inf if pin_ttl_s <= 0 or math.isinf(pin_ttl_s) else now + pin_ttl_s
         )  # fmt: skip
         slot = self._slot.get(key)
+        if slot is not None and attempt and self._state[slot] == PROCESSING:
+            earlier = self._attempt.get(slot)
+            if earlier is not None and earlier[0] == attempt and earlier[1] < retry:
+                self.put_revoke(key)
+                self.counters["puts_superseded"] += 1
+                slot = None
         if slot is not None:
             if self._stored_again(slot, key, fingerprint, pin_until):
                 self.counters["puts_deduplicated"] += 1
@@ -194,10 +208,21 @@ class PutLifecycle(EvictionVictims):
                 f"can be evicted (every block is pinned, leased or being written; "
                 f"{len(fast)} DRAM segments{held})"
             )
-        return self._allocate(
+        outcome = self._allocate(
             key, size_bytes, chosen, extent, now, wanted, owner, fingerprint=fingerprint,
             parent_key=parent_key, tag=tag, pin_until=pin_until, soft_pin_ttl_s=soft_pin_ttl_s,
         )  # fmt: skip
+        if attempt:
+            self._attempt[self._slot[key]] = (attempt, retry)
+        return outcome
+
+    def pending_attempt(self, key: str) -> int:
+        """The client's attempt id of `key`'s put while it is pending or being committed
+        (0: none, or no such put)."""
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] == COMPLETE:
+            return 0
+        return self._attempt.get(slot, (0, 0))[0]
 
     def _lease_start(
         self,
@@ -360,6 +385,7 @@ class PutLifecycle(EvictionVictims):
         if slot is None or self._state[slot] != COMMITTING:
             raise ReplicaUnavailableError(f"every replica of {key!r} was lost while committing")
         self._state[slot] = COMPLETE
+        self._attempt.pop(slot, None)
         replicas = self._replicas(slot)
         self._unpend(slot, replicas)
         for r in replicas:

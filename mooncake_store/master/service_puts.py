@@ -87,6 +87,7 @@ class PutMethods(LeaseMethods):
         flight) and tries again; one that prefers such a node waits for it first.  Right after
         a restart, before any node mounted again, a put waits for one (`_wait_for_nodes_back`)."""
         await self._wait_for_nodes_back(context)
+        await self._retried_after_commit(items)
         await self._sit_out_remount_hold()
         evict = True
         if self.first_fences is not None and self.table.awaiting_nodes():
@@ -113,9 +114,10 @@ class PutMethods(LeaseMethods):
         """A master that restarted has no node mounted until they notice (a heartbeat or two):
         a put waits for the first one rather than failing with "no store node is mounted"
         (membership.py `nodes_expected`): NODES_BACK_WAIT_S at most, and never past a gRPC
-        caller's deadline (a caller gone before the put starts would leave it pending, and
-        its retry refused as busy until the put times out; a framed call names no deadline,
-        and a framed client with a call timeout under NODES_BACK_WAIT_S can meet that)."""
+        caller's deadline (a caller gone before the put starts would leave it pending.  A
+        framed call names no deadline, so a framed client with a call timeout under
+        NODES_BACK_WAIT_S can meet that; its retry names the lost try's attempt and takes its
+        place: puts.py `put_start`)."""
         if not self.table.nodes_expected():
             return
         limit = NODES_BACK_WAIT_S
@@ -126,6 +128,16 @@ class PutMethods(LeaseMethods):
         deadline = time.monotonic() + limit
         while self.table.nodes_expected() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+
+    async def _retried_after_commit(self, items: list[pb.PutStartItem]) -> None:
+        """A put retried after its PutEnd got no reply (its `attempt` is the key's pending
+        put's) finds that put stored, not busy, once its commit ends: wait for it.  (A retry
+        of one not sealed yet revokes it: puts.py `put_start`.)"""
+        for item in items:
+            if item.attempt and self.table.pending_attempt(item.key) == item.attempt:
+                committing = self._committing.get(item.key)
+                if committing is not None:
+                    await asyncio.shield(committing)
 
     async def _sit_out_remount_hold(self) -> None:
         """Wait until no segment holds its room back (a timer may fire a little early)."""
@@ -195,6 +207,8 @@ class PutMethods(LeaseMethods):
             soft_pin_ttl_s=item.soft_pin_ttl_s,
             preferred_nodes=item.preferred_nodes,
             evict=evict,
+            attempt=item.attempt,
+            retry=item.retry,
         )
 
     async def PutStart(self, request: pb.PutStartItem, context: object) -> pb.PutStartResult:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mooncake_store import AsyncClient, Client, MasterTimeoutError
+from mooncake_store import AsyncClient, Client, MasterTimeoutError, ObjectBusyError
 from mooncake_store.client.framed_channel import (
     BlockingFramedChannel,
     FramedChannel,
@@ -117,6 +117,56 @@ def test_async_put_during_a_master_stall_at_put_end_reports_success(cluster, sta
             assert result.replicas == 1 and not result.deduplicated
             assert await store.exists("stalled-async")
             assert await store.get("stalled-async") == value
+
+    asyncio.run(run())
+
+
+def started(store: Client) -> int:
+    return store.stats().counters["puts_started"]
+
+
+def test_a_put_retried_after_its_put_start_timed_out_takes_the_lost_ones_place(cluster, stall_on):
+    """The PutStart times out (1 s) while the master is frozen (1.5 s); the master then starts
+    that put, and nobody reads its reply.  Retried, the put names that attempt
+    (client/put_attempts.py) and takes its place, instead of being refused as busy until the
+    master reclaims it (30 s).  Another client's put of the key is still refused meanwhile."""
+    key, value = "retried-start", b"retried after a lost reply" * 1000
+    with (
+        Client(cluster.master_address, timeout_s=1.0) as store,
+        Client(cluster.master_address) as other,
+    ):
+        superseded, before = store.stats().counters["puts_superseded"], started(store)
+        stall = stall_on("BatchPutStart")
+        with pytest.raises(MasterTimeoutError, match="may or may not have taken effect"):
+            store.put(key, value)
+        assert stall.resumed.wait(10)
+        wait_until(lambda: started(other) == before + 1, what="the lost PutStart to run")
+        with pytest.raises(ObjectBusyError, match="in progress"):
+            other.put(key, b"another value")
+        result = store.put(key, value)
+        assert result.replicas == 1 and not result.deduplicated
+        assert store.get(key) == value
+        assert store.stats().counters["puts_superseded"] == superseded + 1
+
+
+def test_an_async_put_retried_after_its_put_start_timed_out_succeeds(cluster, stall_on):
+    key, value = "retried-start-async", b"async retry" * 1000
+
+    async def run() -> None:
+        async with AsyncClient(cluster.master_address, timeout_s=1.0) as store:
+            superseded = (await store.stats()).counters["puts_superseded"]
+            stall = stall_on("BatchPutStart")
+            with pytest.raises(MasterTimeoutError):
+                await store.put(key, value)
+            assert await asyncio.to_thread(stall.resumed.wait, 10)
+            for _ in range(50):  # the lost PutStart runs once the master wakes up
+                if (await store.stats()).processing:
+                    break
+                await asyncio.sleep(0.02)
+            result = await store.put(key, value)
+            assert result.replicas == 1 and not result.deduplicated
+            assert await store.get(key) == value
+            assert (await store.stats()).counters["puts_superseded"] == superseded + 1
 
     asyncio.run(run())
 
