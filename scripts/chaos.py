@@ -22,7 +22,9 @@ injected, every kind once per round in a random order:
 With `--nvme`, each node also has an NVMe tier the size of its DRAM pool, and blocks go down
 to it past a fifth of the DRAM pool (and up again when read), so blocks move between tiers
 while the faults happen; with `--removes R`, each client removes an
-acknowledged block of its own after each put with probability R.
+acknowledged block of its own after each put with probability R.  A put that fails saying it
+"may or may not have taken effect" is put again once, as an engine would (`put_retries`: how
+those ended; `ObjectBusyError` there would be a retry refused by its own lost put).
 
 The promise checked: an acknowledged block is never lost and a wrong byte is never returned;
 and an acknowledged remove holds: a block removed is never visible again (`removed_visible`;
@@ -143,6 +145,7 @@ def client_main(
     failed: dict[str, str] = {}  # key -> error class of a put that reported failure
     why: dict[str, str] = {}  # key -> when and what that error said
     errors: Counter[str] = Counter()
+    retries: Counter[str] = Counter()  # outcomes of putting a key again after "may or may not"
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
     started = time.time()
@@ -158,7 +161,20 @@ def client_main(
                 key = f"c{index}/{puts}"
                 puts += 1
                 try:
-                    store.put(key, content(key, size_of(key)))
+                    try:
+                        store.put(key, content(key, size_of(key)))
+                    except Exception as exc:
+                        if type(exc).__name__ not in OUTCOME_UNKNOWN:
+                            raise
+                        # It may or may not have happened: an engine puts the block again.
+                        # That retry must not find its own lost put busy (put_attempts.py).
+                        errors[f"put:{type(exc).__name__}"] += 1
+                        try:
+                            store.put(key, content(key, size_of(key)))
+                        except Exception as again:
+                            retries[type(again).__name__] += 1
+                            raise
+                        retries["ok"] += 1
                     acked.append(key)
                     acked_at.append(time.time())
                 except Exception as exc:  # counted by type; not acknowledged
@@ -197,7 +213,8 @@ def client_main(
     Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
                                      "wrong_bytes": wrong, "errors": dict(errors),
                                      "failed": failed, "why": why, "removed": removed,
-                                     "remove_unknown": remove_unknown}))  # fmt: skip
+                                     "remove_unknown": remove_unknown,
+                                     "put_retries": dict(retries)}))  # fmt: skip
 
 
 # A put that failed with one of these may or may not have taken effect (the error says so);
@@ -629,6 +646,9 @@ def main() -> None:
                     n for e, n in failed_visible.items() if e not in OUTCOME_UNKNOWN
                 ),
                 "misreported_examples": misreported,
+                "put_retries": dict(
+                    sum((Counter(r.get("put_retries", {})) for r in results), Counter())
+                ),
                 "removes_acked": len(removed),
                 "removes_unknown": sum(len(r.get("remove_unknown", [])) for r in results),
                 "removed_visible": len(removed_visible),

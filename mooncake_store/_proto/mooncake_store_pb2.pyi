@@ -141,14 +141,16 @@ class BatchPutStartResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
 
 class PutEndItem(_message.Message):
-    __slots__ = ("key", "checksum", "failed_segments")
+    __slots__ = ("key", "checksum", "failed_segments", "generation")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     FAILED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     key: str
     checksum: int
     failed_segments: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, key: _Optional[str] = ..., checksum: _Optional[int] = ..., failed_segments: _Optional[_Iterable[int]] = ...) -> None: ...
+    generation: int
+    def __init__(self, key: _Optional[str] = ..., checksum: _Optional[int] = ..., failed_segments: _Optional[_Iterable[int]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class BatchPutEndRequest(_message.Message):
     __slots__ = ("items", "next")
@@ -175,14 +177,16 @@ class BatchPutEndResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[PutEndResult, _Mapping]]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class KeysRequest(_message.Message):
-    __slots__ = ("keys", "fingerprint", "unless_leased")
+    __slots__ = ("keys", "fingerprint", "unless_leased", "generations")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     UNLESS_LEASED_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: bytes
     unless_leased: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ..., unless_leased: _Optional[bool] = ...) -> None: ...
+    generations: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[bytes] = ..., unless_leased: _Optional[bool] = ..., generations: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class KeyRequest(_message.Message):
     __slots__ = ("key", "fingerprint")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store.client.master_calls import PutEndTuple, put_end_items
 from mooncake_store.client.master_client import MasterCall, _location, status_error
 from mooncake_store.client.types import PutSpec, ReplicaLocation
 from mooncake_store.common.errors import MooncakeError
@@ -183,13 +184,10 @@ def leased_put_call(
 
 
 def put_end_leases_call(
-    items: Sequence[tuple[str, int, Sequence[int]]], next_leases: Sequence[pb.LeaseRequest]
+    items: Sequence[PutEndTuple], next_leases: Sequence[pb.LeaseRequest]
 ) -> MasterCall[tuple[list[int | MooncakeError], list[pb.Lease]]]:
     """BatchPutEnd that also asks for leases for the next puts."""
-    request = pb.BatchPutEndRequest(
-        items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items],
-        next=list(next_leases),
-    )
+    request = pb.BatchPutEndRequest(items=put_end_items(items), next=list(next_leases))
 
     def parse(reply: pb.BatchPutEndResponse) -> tuple[list[int | MooncakeError], list[pb.Lease]]:
         return [status_error(r.status) or r.replicas for r in reply.results], list(reply.leases)

@@ -70,10 +70,12 @@ class MasterCall(Generic[R]):
     A batch call names its repeated field the master caps (`batch`, see common/batching.py):
     a bigger one is sent as `slices` of at most the cap, and their parsed replies `join`
     again in order.  The other fields go with every slice, except repeated ones (leases
-    asked for or given back), which go with the first slice only.  `slice_failed` says what
-    each item of a slice whose call failed reads as (its error, item by item); None: the
-    whole call fails.  A prefix call (`then`) sends its slices one after another, the next
-    only while `then(reply, items)` says the run went through the whole slice.
+    asked for or given back), which go with the first slice only, and those named in
+    `beside` (one entry per item of `batch`, when given), which are sliced with it.
+    `slice_failed` says what each item of a slice whose call failed reads as (its error, item
+    by item); None: the whole call fails.  A prefix call (`then`) sends its slices one after
+    another, the next only while `then(reply, items)` says the run went through the whole
+    slice.
     """
 
     name: str
@@ -84,6 +86,7 @@ class MasterCall(Generic[R]):
     merge: Callable[[list[Any]], R] | None = None  # None: the slices' lists concatenated
     slice_failed: Callable[[MooncakeError, int], Any] | None = None
     then: Callable[[Any, int], bool] | None = None
+    beside: tuple[str, ...] = ()
 
     def items(self) -> int:
         """How many items the batch carries (0: not a batch call)."""
@@ -95,7 +98,7 @@ class MasterCall(Generic[R]):
         if count <= cap:
             return []
         return [
-            replace(self, request=_slice_request(self.request, self.batch, start, cap))
+            replace(self, request=_slice_request(self.request, self.batch, start, cap, self.beside))
             for start in range(0, count, cap)
         ]
 
@@ -123,12 +126,15 @@ class MasterCall(Generic[R]):
         return joined  # type: ignore[no-any-return]
 
 
-def _slice_request(request: Message, field: str, start: int, count: int) -> Message:
-    """`request` with `count` items of its repeated `field` from `start` (see MasterCall)."""
+def _slice_request(
+    request: Message, field: str, start: int, count: int, beside: tuple[str, ...] = ()
+) -> Message:
+    """`request` with `count` items of its repeated `field` (and of the fields `beside` it)
+    from `start` (see MasterCall)."""
     out = type(request)()
     for desc, value in request.ListFields():
-        if desc.name == field:
-            getattr(out, field).extend(value[start : start + count])
+        if desc.name == field or desc.name in beside:
+            getattr(out, desc.name).extend(value[start : start + count])
         elif desc.is_repeated:
             if start == 0:
                 getattr(out, desc.name).extend(value)
@@ -187,12 +193,26 @@ def put_start_call(
     return MasterCall("BatchPutStart", request, parse, batch="items", slice_failed=each_failed)
 
 
-def put_end_call(
-    items: Sequence[tuple[str, int, Sequence[int]]],
-) -> MasterCall[list[int | MooncakeError]]:
-    request = pb.BatchPutEndRequest(
-        items=[pb.PutEndItem(key=k, checksum=c, failed_segments=list(f)) for k, c, f in items]
-    )
+PutEndTuple = tuple[str, int, Sequence[int]] | tuple[str, int, Sequence[int], int]
+
+
+def put_end_items(items: Sequence[PutEndTuple]) -> list[pb.PutEndItem]:
+    """PutEnd items of (key, checksum, failed segments[, put generation: 0 if left out])."""
+    out = []
+    for key, checksum, failed, *generation in items:
+        out.append(
+            pb.PutEndItem(
+                key=key,
+                checksum=checksum,
+                failed_segments=list(failed),
+                generation=generation[0] if generation else 0,
+            )
+        )
+    return out
+
+
+def put_end_call(items: Sequence[PutEndTuple]) -> MasterCall[list[int | MooncakeError]]:
+    request = pb.BatchPutEndRequest(items=put_end_items(items))
     # Idempotent: the master answers a repeated PutEnd of a put it committed with the same
     # checksum as it answered the first (a retry whose first reply was lost reports success).
     return MasterCall(
@@ -205,13 +225,17 @@ def put_end_call(
     )
 
 
-def put_revoke_call(keys: Sequence[str]) -> MasterCall[list[MooncakeError | None]]:
+def put_revoke_call(
+    keys: Sequence[str], generations: Sequence[int] = ()
+) -> MasterCall[list[MooncakeError | None]]:
+    """BatchPutRevoke of `keys`; `generations`: each one's put (0: whichever is pending)."""
     return MasterCall(
         "BatchPutRevoke",
-        pb.KeysRequest(keys=keys),
+        pb.KeysRequest(keys=keys, generations=generations),
         lambda reply: [status_error(s) for s in reply.statuses],
         batch="keys",
         slice_failed=each_failed,
+        beside=("generations",),
     )
 
 

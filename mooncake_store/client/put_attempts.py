@@ -48,16 +48,20 @@ class PutAttempts:
 
     def start(self, keys: Sequence[str]) -> list[tuple[int, int]]:
         """(attempt id, retry count) for a PutStart of each of `keys`: a kept attempt of the
-        key with its count one higher, else a new id."""
+        key with its count one higher, else a new id.  A kept attempt is taken: one try of it
+        at a time (a put of the key meanwhile gets a new id, and is refused as busy while this
+        one is pending), until `lost` keeps it again."""
         out = []
         with self._lock:
             for key in keys:
-                kept = self._kept.get(key)
+                kept = self._kept.pop(key, None)
                 out.append((kept[0], kept[1] + 1) if kept else (_random.getrandbits(64) or 1, 0))
         return out
 
     def lost(self, key: str, attempt: tuple[int, int]) -> None:
         """A call of `key`'s put made as `attempt` got no reply: its next put names it."""
+        if not attempt[0]:
+            return
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None and kept[0] == attempt[0] and kept[1] > attempt[1]:

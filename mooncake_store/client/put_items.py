@@ -13,6 +13,7 @@ from mooncake_store.client.steps import Flow, as_readable, parts_checksum
 from mooncake_store.client.transport import Buffer
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation
 from mooncake_store.common.errors import MooncakeError, ObjectConflictError
+from mooncake_store.common.grant import grant_generation
 
 
 @dataclass(slots=True)
@@ -30,6 +31,14 @@ class PendingPut:
     leased: bool = False  # written into a lease (plan: the lease's extents)
     retryable: bool = False  # every failed write of it was a data-path refusal or failure
     attempt: tuple[int, int] = (0, 0)  # its PutStart's (attempt id, retry): put_attempts.py
+
+    @property
+    def generation(self) -> int:
+        """The put's generation, as its write grants name it (0: unknown), which its PutEnd
+        and revoke name so that they end this put only (master/puts.py `put_end`)."""
+        if self.plan is None or not self.plan.replicas:
+            return 0
+        return grant_generation(self.plan.replicas[0].grant)
 
     def host_parts(self) -> list[memoryview]:
         """The value in host memory: a device value is copied to the host the first time."""

@@ -240,7 +240,7 @@ class WriteFlows(LocationMemory):
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
         if to_end:
-            items = [(p.key, p.checksum, p.failed or ()) for p in to_end]
+            items = [(p.key, p.checksum, p.failed or (), p.generation) for p in to_end]
             wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
             try:
                 if leasing and wanted:
@@ -341,7 +341,7 @@ class WriteFlows(LocationMemory):
         not hide why the put failed (the master reclaims a put that never ends anyway, and
         this client's next put of the key revokes it: put_attempts.py)."""
         try:
-            yield put_revoke_call([p.key for p in failed])
+            yield put_revoke_call([p.key for p in failed], [p.generation for p in failed])
         except MooncakeError as exc:
             for p in failed:
                 self._attempts.lost(p.key, p.attempt)

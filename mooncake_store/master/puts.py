@@ -326,8 +326,12 @@ class PutLifecycle(EvictionVictims):
             self._fingerprints[fingerprint] = fingerprint
         return fingerprint
 
-    def put_end(self, key: str, checksum: int, failed_segments: Iterable[int] = ()) -> ObjectMeta:
+    def put_end(
+        self, key: str, checksum: int, failed_segments: Iterable[int] = (), generation: int = 0
+    ) -> ObjectMeta:
         """Seal a pending put with its checksum, dropping replicas the client failed to write.
+        `generation` (nonzero) names the put: a PutEnd of an earlier put of the key (revoked,
+        reclaimed or superseded meanwhile) must not seal a later one.
 
         The object moves to COMMITTING: still invisible, and no longer reclaimable as a
         zombie.  The caller persists the returned snapshot, then calls `commit_put_end` (or
@@ -338,11 +342,7 @@ class PutLifecycle(EvictionVictims):
             ReplicaUnavailableError: no replica survived; the put is revoked.
             InvalidValueError: the checksum is not a 64-bit unsigned value.
         """
-        slot = self._slot.get(key)
-        if slot is None or self._state[slot] != PROCESSING:
-            raise ObjectNotFoundError(
-                f"no put of {key!r} is pending: it was revoked, timed out or never started"
-            )
+        slot = self._pending_slot(key, generation)
         if not 0 <= checksum <= 0xFFFFFFFFFFFFFFFF:
             raise InvalidValueError(f"checksum {checksum} is not a 64-bit unsigned value")
         failed = set(failed_segments)
@@ -359,6 +359,21 @@ class PutLifecycle(EvictionVictims):
         self._state[slot] = COMMITTING
         self._pending.pop(key, None)
         return self._snapshot(slot)
+
+    def _pending_slot(self, key: str, generation: int) -> int:
+        """The slot of `key`'s pending put (of `generation`, when nonzero), or
+        ObjectNotFoundError."""
+        slot = self._slot.get(key)
+        if slot is None or self._state[slot] != PROCESSING:
+            raise ObjectNotFoundError(
+                f"no put of {key!r} is pending: it was revoked, timed out or never started"
+            )
+        if generation and self._gen[slot] != generation:
+            raise ObjectNotFoundError(
+                f"the put of {key!r} this PutEnd names was revoked, timed out or replaced by its "
+                "client's retry; a later put of the key is pending"
+            )
+        return slot
 
     def committed_as(self, key: str, checksum: int) -> tuple[int, int] | None:
         """(state, replica count) of `key` when its put was sealed with `checksum` (COMMITTING
@@ -395,11 +410,12 @@ class PutLifecycle(EvictionVictims):
         self.counters["puts_committed"] += 1
         return len(replicas)
 
-    def put_revoke(self, key: str) -> None:
-        """Abort a pending put and free its extents.
+    def put_revoke(self, key: str, generation: int = 0) -> None:
+        """Abort a pending put and free its extents; `generation` (nonzero) names the put, as
+        `put_end`'s does.
 
         Raises:
-            ObjectNotFoundError: nothing pending under `key`.
+            ObjectNotFoundError: nothing pending under `key` (of that generation).
             ObjectBusyError: the object is already committed (use remove).
         """
         slot = self._slot.get(key)
@@ -407,6 +423,10 @@ class PutLifecycle(EvictionVictims):
             raise ObjectNotFoundError(f"no put of {key!r} is pending")
         if self._state[slot] == COMPLETE:
             raise ObjectBusyError(f"{key!r} is already committed; remove it instead of revoking")
+        if generation and self._gen[slot] != generation:
+            raise ObjectNotFoundError(
+                f"the put of {key!r} being revoked ended already; a later put of it is pending"
+            )
         self._delete(slot, 0.0)
         self.counters["puts_revoked"] += 1
 

@@ -11,7 +11,12 @@ import logging
 import time
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
-from mooncake_store.common.errors import MooncakeError, NoSpaceError, ObjectNotFoundError
+from mooncake_store.common.errors import (
+    InvalidArgumentError,
+    MooncakeError,
+    NoSpaceError,
+    ObjectNotFoundError,
+)
 from mooncake_store.common.grant import GrantMode
 from mooncake_store.master.batches import capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
@@ -287,7 +292,11 @@ class PutMethods(LeaseMethods):
                 results.append(None)
                 continue
             try:
-                sealed.append(self.table.put_end(item.key, item.checksum, item.failed_segments))
+                sealed.append(
+                    self.table.put_end(
+                        item.key, item.checksum, item.failed_segments, item.generation
+                    )
+                )
                 results.append(None)
             except MooncakeError as exc:
                 results.append(pb.PutEndResult(status=_status(exc)))
@@ -429,9 +438,9 @@ class PutMethods(LeaseMethods):
 
     # ---- revokes -----------------------------------------------------------------------------
 
-    def _revoke(self, key: str) -> pb.Status:
+    def _revoke(self, key: str, generation: int = 0) -> pb.Status:
         try:
-            self.table.put_revoke(key)
+            self.table.put_revoke(key, generation)
             return _OK
         except MooncakeError as exc:
             return _status(exc)
@@ -441,4 +450,11 @@ class PutMethods(LeaseMethods):
 
     @capped("keys")
     async def BatchPutRevoke(self, request: pb.KeysRequest, context: object) -> pb.StatusesResponse:
-        return pb.StatusesResponse(statuses=await each(request.keys, self._revoke))
+        generations = list(request.generations) or [0] * len(request.keys)
+        if len(generations) != len(request.keys):  # each key refused: nothing revoked
+            bad = InvalidArgumentError(
+                f"{len(request.keys)} keys but {len(generations)} generations to revoke"
+            )
+            return pb.StatusesResponse(statuses=[_status(bad)] * len(request.keys))
+        pairs = list(zip(request.keys, generations, strict=True))
+        return pb.StatusesResponse(statuses=await each(pairs, lambda p: self._revoke(*p)))

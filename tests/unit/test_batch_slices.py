@@ -7,7 +7,7 @@ import pytest
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.client.leases import put_end_leases_call
-from mooncake_store.client.master_calls import exists_call, remove_call
+from mooncake_store.client.master_calls import exists_call, put_revoke_call, remove_call
 from mooncake_store.common.batching import cap_in_message, too_many_message
 from mooncake_store.common.errors import MasterTimeoutError, ObjectNotFoundError
 
@@ -24,13 +24,21 @@ def test_a_batch_within_the_cap_is_not_sliced_and_a_bigger_one_is_in_order() -> 
 
 def test_per_call_lists_go_with_the_first_slice_only() -> None:
     wanted = [pb.LeaseRequest(size_bytes=4096, replicas=1, count=8)]
-    call = put_end_leases_call([(f"k{i}", i, ()) for i in range(5)], wanted)
+    call = put_end_leases_call([(f"k{i}", i, (), 100 + i) for i in range(5)], wanted)
     parts = call.slices(2)
     assert [len(p.request.items) for p in parts] == [2, 2, 1]
     assert [len(p.request.next) for p in parts] == [1, 0, 0]  # leases asked for once
+    assert [i.generation for p in parts for i in p.request.items] == [100, 101, 102, 103, 104]
     lease = pb.Lease(lease_id="L1")
     merged = call.join(parts, [([1, 1], [lease]), ([1, 1], []), ([1], [])])
     assert merged == ([1, 1, 1, 1, 1], [lease])
+
+
+def test_a_revokes_generations_are_sliced_beside_its_keys() -> None:
+    call = put_revoke_call([f"k{i}" for i in range(5)], [10, 11, 12, 13, 14])
+    parts = call.slices(2)
+    assert [list(p.request.keys) for p in parts] == [["k0", "k1"], ["k2", "k3"], ["k4"]]
+    assert [list(p.request.generations) for p in parts] == [[10, 11], [12, 13], [14]]
 
 
 def test_a_failed_slice_is_an_error_per_item_and_the_others_keep_their_outcomes() -> None:

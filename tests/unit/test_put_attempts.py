@@ -1,7 +1,8 @@
 """A put retried after its reply was lost (client/put_attempts.py, master/puts.py `put_start`):
 the retry names the pending put's attempt id with a higher retry count, and only then does it
 revoke that put and start in its place.  A stranger, a stale try and a sealed put are refused
-as before.  Pure: the master's table with an injected clock, and the client's record."""
+as before, and the lost try's late PutEnd or revoke, which name its generation, cannot end the
+retry's put.  Pure: the master's table with an injected clock, and the client's record."""
 
 import pytest
 
@@ -104,6 +105,7 @@ def test_the_client_names_a_lost_attempt_again_with_a_higher_count_until_answere
     attempts.lost("k", (first, 2))
     attempts.lost("k", (first, 1))  # an earlier try reported late: the count stays
     assert attempts.start(["k"]) == [(first, 3)]
+    attempts.lost("k", (first, 3))
     attempts.answered("k", (first + 1, 3))  # another put's reply: not this one's
     assert len(attempts) == 1
     attempts.answered("k", (first, 3))
@@ -122,3 +124,84 @@ def test_the_client_keeps_a_bounded_number_of_lost_attempts():
 def test_only_failures_that_may_have_taken_effect_are_unanswered():
     assert unanswered(MasterTimeoutError("late")) and unanswered(MasterUnavailableError("gone"))
     assert not unanswered(ObjectBusyError("busy")) and not unanswered(KeyboardInterrupt())
+
+
+def test_the_lost_trys_late_put_end_cannot_seal_the_retry(table):
+    """Its PutEnd was on its way when the retry took its place (it came over another
+    connection, or late): sealing the retry's put with it would commit an extent nobody wrote
+    yet under the lost try's checksum."""
+    first = table.put_start("k", MiB, 1, attempt=ID, retry=0)
+    second = table.put_start("k", MiB, 1, attempt=ID, retry=1)
+    with pytest.raises(ObjectNotFoundError, match="replaced by its client's retry"):
+        table.put_end("k", 7, generation=first.generation)
+    assert table.pending_attempt("k") == ID and not table.exists("k")
+    table.put_end("k", 8, generation=second.generation)
+    table.commit_put_end("k")
+    assert table.get("k").checksum == 8
+
+
+def test_the_lost_trys_late_revoke_cannot_revoke_the_retry(table):
+    first = table.put_start("k", MiB, 1, attempt=ID, retry=0)
+    second = table.put_start("k", MiB, 1, attempt=ID, retry=1)
+    with pytest.raises(ObjectNotFoundError, match="ended already"):
+        table.put_revoke("k", first.generation)
+    table.put_end("k", 8, generation=second.generation)
+    table.commit_put_end("k")
+    assert table.exists("k")
+
+
+def test_a_put_end_or_revoke_naming_no_generation_ends_whichever_put_is_pending(table):
+    """Older clients name none: what they did before (they send no attempt either, so no put
+    of theirs is ever superseded)."""
+    table.put_start("k", MiB, 1)
+    table.put_revoke("k")
+    table.put_start("k", MiB, 1)
+    table.put_end("k", 3)
+    table.commit_put_end("k")
+    assert table.get("k").checksum == 3
+
+
+def test_one_try_of_a_lost_attempt_at_a_time():
+    """Two puts of a key whose attempt was lost (threads or tasks of one client): only the
+    first names it; the other gets a new id and is refused as busy at the master, so that no
+    record of the attempt can outlive the try that is writing."""
+    attempts = PutAttempts()
+    attempts.lost("k", (ID, 0))
+    [b] = attempts.start(["k"])
+    [d] = attempts.start(["k"])
+    assert b == (ID, 1) and d[0] != ID and d[1] == 0
+    attempts.answered("k", b)
+    attempts.lost("k", d)  # the other's call got no reply: its own id is kept, not B's
+    assert attempts.start(["k"]) == [(d[0], 1)]
+
+
+def test_a_concurrent_put_of_a_lost_key_cannot_revoke_the_try_being_written(table):
+    attempts = PutAttempts()
+    table.put_start("k", MiB, 1, attempt=ID, retry=0)  # the lost try
+    attempts.lost("k", (ID, 0))
+    [b], [d] = attempts.start(["k"]), attempts.start(["k"])
+    table.put_start("k", MiB, 1, attempt=b[0], retry=b[1])  # B supersedes it and writes
+    with pytest.raises(ObjectBusyError):  # D: a new id, refused while B is pending
+        table.put_start("k", MiB, 1, attempt=d[0], retry=d[1])
+    attempts.lost("k", d)
+    [e] = attempts.start(["k"])
+    with pytest.raises(ObjectBusyError):  # E names D's attempt, not B's
+        table.put_start("k", MiB, 1, attempt=e[0], retry=e[1])
+    assert table.pending_attempt("k") == ID
+
+
+@pytest.mark.parametrize("ended", ["revoked", "reclaimed"])
+def test_a_put_end_of_a_put_that_ended_cannot_seal_the_next_put_of_the_key(table, ended):
+    """Not only retries: a client whose put was revoked or reclaimed while its PutEnd was on
+    its way must not seal the put another client started for the key meanwhile."""
+    mine = table.put_start("k", MiB, 1)
+    if ended == "revoked":
+        table.put_revoke("k", mine.generation)
+    else:
+        table._clock.now += 31
+        beat(table)
+        table.tick()
+    theirs = table.put_start("k", MiB, 1)
+    with pytest.raises(ObjectNotFoundError):
+        table.put_end("k", 7, generation=mine.generation)
+    table.put_end("k", 8, generation=theirs.generation)
