@@ -453,6 +453,46 @@ class CreateTokenResponse(_message.Message):
     token: str
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
 
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("token_id", "expires_s")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    expires_s: int
+    def __init__(self, token_id: _Optional[str] = ..., expires_s: _Optional[int] = ...) -> None: ...
+
+class RevokeTokenResponse(_message.Message):
+    __slots__ = ("status", "already_revoked", "connections_closed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_CLOSED_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    already_revoked: bool
+    connections_closed: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_revoked: _Optional[bool] = ..., connections_closed: _Optional[int] = ...) -> None: ...
+
+class ListRevokedTokensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RevokedToken(_message.Message):
+    __slots__ = ("token_id", "expires_s", "revoked_s")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_S_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    expires_s: int
+    revoked_s: float
+    def __init__(self, token_id: _Optional[str] = ..., expires_s: _Optional[int] = ..., revoked_s: _Optional[float] = ...) -> None: ...
+
+class ListRevokedTokensResponse(_message.Message):
+    __slots__ = ("status", "tokens")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    tokens: _containers.RepeatedCompositeFieldContainer[RevokedToken]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., tokens: _Optional[_Iterable[_Union[RevokedToken, _Mapping]]] = ...) -> None: ...
+
 class HelloRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

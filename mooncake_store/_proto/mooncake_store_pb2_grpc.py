@@ -169,6 +169,16 @@ class MasterServiceStub:
                 request_serializer=mooncake__store__pb2.CreateTokenRequest.SerializeToString,
                 response_deserializer=mooncake__store__pb2.CreateTokenResponse.FromString,
                 _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/RevokeToken',
+                request_serializer=mooncake__store__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
+        self.ListRevokedTokens = channel.unary_unary(
+                '/mooncake_store.v1.MasterService/ListRevokedTokens',
+                request_serializer=mooncake__store__pb2.ListRevokedTokensRequest.SerializeToString,
+                response_deserializer=mooncake__store__pb2.ListRevokedTokensResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -352,6 +362,18 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevokedTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -489,6 +511,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.CreateToken,
                     request_deserializer=mooncake__store__pb2.CreateTokenRequest.FromString,
                     response_serializer=mooncake__store__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=mooncake__store__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=mooncake__store__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'ListRevokedTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedTokens,
+                    request_deserializer=mooncake__store__pb2.ListRevokedTokensRequest.FromString,
+                    response_serializer=mooncake__store__pb2.ListRevokedTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1220,6 +1252,60 @@ class MasterService:
             '/mooncake_store.v1.MasterService/CreateToken',
             mooncake__store__pb2.CreateTokenRequest.SerializeToString,
             mooncake__store__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/RevokeToken',
+            mooncake__store__pb2.RevokeTokenRequest.SerializeToString,
+            mooncake__store__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mooncake_store.v1.MasterService/ListRevokedTokens',
+            mooncake__store__pb2.ListRevokedTokensRequest.SerializeToString,
+            mooncake__store__pb2.ListRevokedTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

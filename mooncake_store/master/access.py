@@ -12,6 +12,7 @@ NUL), and the default tenant's keys as they are; `tenancy.py` applies that to ev
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 from google.protobuf.message import Message
@@ -29,6 +30,7 @@ from mooncake_store.common.auth import (
 )
 from mooncake_store.common.errors import AccessDeniedError, InvalidArgumentError, InvalidKeyError
 from mooncake_store.common.keys import validate_key
+from mooncake_store.master.revocations import RevokedTokens
 
 DEFAULT_TENANT = "default"
 TENANT_SEPARATOR = "\0"
@@ -37,7 +39,7 @@ TENANT_METADATA = "x-mooncake-tenant"
 
 # Methods only a node (or an admin) calls; only an admin; anyone who authenticated.
 NODE_METHODS = frozenset({"MountSegment", "Heartbeat", "UnmountSegment", "DrainNode"})
-ADMIN_METHODS = frozenset({"CreateToken"})
+ADMIN_METHODS = frozenset({"CreateToken", "RevokeToken", "ListRevokedTokens"})
 ANY_METHODS = frozenset({"Hello", "Authenticate"})
 
 
@@ -137,6 +139,8 @@ class AccessControl:
 
     def __init__(self, authority: TokenAuthority | None) -> None:
         self.authority = authority
+        #: Tokens revoked one by one (revocations.py), refused however genuine.
+        self.revoked = RevokedTokens(clock=time.time)
         self.denied = 0
         # (node id, incarnation, method) -> stamp (ms) of the last node proof accepted
         self._proof_stamps: dict[tuple[str, int, str], int] = {}
@@ -158,7 +162,12 @@ class AccessControl:
             self.denied += 1
             raise AccessDeniedError(f"this master requires a token; {HOW_TO_GET_A_TOKEN}")
         try:
-            return Caller.of(self.authority.verify(token), tenant)
+            claims = self.authority.verify(token)
+            if claims.token_id in self.revoked:
+                raise AccessDeniedError(
+                    f"this token was revoked (mooncake-admin token revoke); {HOW_TO_GET_A_TOKEN}"
+                )
+            return Caller.of(claims, tenant)
         except AccessDeniedError:
             self.denied += 1
             raise

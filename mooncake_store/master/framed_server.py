@@ -362,6 +362,19 @@ class FramedServer:
         oldest.transport.close()  # type: ignore[union-attr]
         return True
 
+    def drop_token(self, token_id: str) -> int:
+        """Close the connections that authenticated with `token_id` (revoked): its holder's
+        calls from now on must authenticate again, which is refused.  How many were closed."""
+        holders = [
+            c for c in self.connections
+            if c.caller is not None and c.caller.token_id == token_id and c.transport
+        ]  # fmt: skip
+        for connection in holders:
+            self.connections.discard(connection)
+            connection.allowed = frozenset()  # nothing more is answered on it
+            connection.transport.close()  # type: ignore[union-attr]
+        return len(holders)
+
     async def _close_idle(self) -> None:
         """Close connections with nothing in flight and nothing received for the timeout."""
         while True:

@@ -49,6 +49,7 @@ from mooncake_store.common.checksum import CHUNK_BYTES
 from mooncake_store.common.clock import to_monotonic, to_wall
 from mooncake_store.master.objects import ObjectMeta, ObjectState, Replica
 from mooncake_store.master.releases import BlockName, ReleaseRecord
+from mooncake_store.master.revocations import Revocation
 
 log = logging.getLogger("mooncake.master")
 
@@ -67,6 +68,9 @@ _RELEASE_VERSION = 1
 
 
 _DETACHED_PREFIX = b"d/"  # the same record: a block of a dropped persistent segment
+_TOKEN_PREFIX = b"t/"  # + token id: a revoked token (master/revocations.py)
+_TOKEN = struct.Struct("<Bqd")  # version, the token's expiry (0: never), revoked at
+_TOKEN_VERSION = 1
 
 
 def _release_key(segment_id: int, offset: int, prefix: bytes = _RELEASE_PREFIX) -> bytes:
@@ -214,6 +218,19 @@ class MetadataStore:
             out.add(int.from_bytes(raw_key[len(_SEGMENT_PREFIX) :], "big"))
         return out
 
+    def load_revocations(self) -> list[Revocation]:
+        """The revoked tokens recorded (master/revocations.py; call before serving)."""
+        out = []
+        for raw_key, blob in self._db.items(from_key=_TOKEN_PREFIX):
+            assert isinstance(raw_key, bytes) and isinstance(blob, bytes)  # raw mode
+            if not raw_key.startswith(_TOKEN_PREFIX):
+                break
+            version, expires_s, revoked_s = _TOKEN.unpack(blob)
+            if version != _TOKEN_VERSION:
+                raise ValueError(f"revoked token record {raw_key!r} has version {version}")
+            out.append(Revocation(raw_key[len(_TOKEN_PREFIX) :].decode(), expires_s, revoked_s))
+        return out
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._writer is None:
@@ -252,17 +269,20 @@ class MetadataStore:
         releases: Sequence[ReleaseRecord] = (),
         segments: Sequence[int] = (),
         detached: Sequence[ReleaseRecord] = (),
+        revoked: Sequence[Revocation] = (),
+        unrevoked: Sequence[str] = (),
         alone: bool = False,
     ) -> None:
         """Persist the mutations before returning (fsync'd unless opened with sync=False), in
         one batch: `releases` record owed releases (a name) or end them (None); `segments`
-        record persistent segments, `detached` detached blocks (as `releases`).
+        record persistent segments, `detached` detached blocks (as `releases`); `revoked`
+        records revoked tokens, `unrevoked` drops such records (by token id).
 
         `alone`: the caller knows nothing else is about to commit (no other put is in flight),
         so there is no group to wait for: with nothing queued, the batch is written here and
         now, which saves the writer task's wake-up and lets the framed endpoint answer inline.
         """
-        if not (puts or deletes or releases or segments or detached):
+        if not (puts or deletes or releases or segments or detached or revoked or unrevoked):
             return
         mutations: dict[bytes, bytes | None] = {}
         for meta in puts:
@@ -279,6 +299,12 @@ class MetadataStore:
             mutations[_release_key(segment_id, offset, _DETACHED_PREFIX)] = (
                 None if name is None else encode_release(name)
             )
+        for record in revoked:
+            mutations[_TOKEN_PREFIX + record.token_id.encode()] = _TOKEN.pack(
+                _TOKEN_VERSION, record.expires_s, record.revoked_s
+            )
+        for token_id in unrevoked:
+            mutations[_TOKEN_PREFIX + token_id.encode()] = None
         if alone and not self._queue and not self._closing:
             # Queued groups go first (order matters for a key put and removed): none here.
             self._write_group([mutations])

@@ -125,6 +125,7 @@ class MasterServer:
                      restored, owed, data_dir)  # fmt: skip
         if self.config.auth == "on":
             self.access = AccessControl(TokenAuthority(load_or_create_cluster_key(data_dir)))
+            self.access.revoked.load(self._store.load_revocations())
         else:
             log.warning("authentication is OFF (--auth off): anyone who reaches %s may call",
                         self.config.host)  # fmt: skip
@@ -188,6 +189,7 @@ class MasterServer:
                 self.config.host, self.config.framed_port
             )
             self._servicer.framed_socket = self._framed.unix_name
+            self._servicer.drop_token_connections = self._framed.drop_token
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._metrics_server = await start_metrics(
@@ -285,6 +287,8 @@ class MasterServer:
             log.info("reclaimed %d puts that never ended", len(result.reclaimed_puts))
         self._revoke_closed_grpc_owners()
         self._servicer.prune_lease_stock()
+        if expired := self.access.revoked.expired():  # refused as expired from now on
+            await self._store.write(unrevoked=expired)
         if result.deleted_keys:
             shown = ", ".join(repr(k) for k in result.deleted_keys[:5])
             more = (

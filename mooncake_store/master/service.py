@@ -77,6 +77,8 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.generation_floor = None  # set by the server (its data directory's)
         self.framed_socket = ""
         self.extra_counters: dict[str, int] = {}  # merged into Stats (set by the server)
+        #: Closes the framed connections of a revoked token (set by the server).
+        self.drop_token_connections: Callable[[str], int] = lambda token_id: 0
         #: Hashes extents on their nodes (NodeMover.verify, set by the server); None: no node
         #: calls, so no corrupt report can be checked and none deletes anything.
         self.verify_extents: Verifier | None = None
@@ -172,6 +174,47 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         log.info("admin token %s issued a %s token for tenant %r", caller.token_id,
                  request.role, request.tenant)  # fmt: skip
         return pb.CreateTokenResponse(status=_OK, token=token)
+
+    async def RevokeToken(
+        self, request: pb.RevokeTokenRequest, context: object
+    ) -> pb.RevokeTokenResponse:
+        """Revoke one token (master/revocations.py), for an admin: refused from now on, on
+        every call; recorded before the reply; framed connections that use it are closed."""
+        if self.access.authority is None:
+            problem = "this master runs with --auth off: it has no tokens to revoke"
+            return pb.RevokeTokenResponse(status=_status(InvalidArgumentError(problem)))
+        try:
+            record = self.access.revoked.revoke(request.token_id, request.expires_s)
+        except InvalidArgumentError as exc:
+            return pb.RevokeTokenResponse(status=_status(exc))
+        closed = self.drop_token_connections(request.token_id)
+        if record is not None:
+            try:
+                await self.store.write(revoked=[record])
+            except Exception as exc:  # refused here meanwhile, but not after a restart
+                log.error("recording the revocation of token %s failed: %s", record.token_id, exc)
+                problem = (
+                    f"token {record.token_id} is refused by this master, but its revocation "
+                    f"could not be recorded ({exc}): a restarted master would accept it; retry"
+                )
+                return pb.RevokeTokenResponse(status=_status(MooncakeError(problem)))
+        caller = self.access.caller(context)
+        log.warning("admin token %s revoked token %s (%d framed connections closed)",
+                    caller.token_id, request.token_id, closed)  # fmt: skip
+        return pb.RevokeTokenResponse(
+            status=_OK, already_revoked=record is None, connections_closed=closed
+        )
+
+    async def ListRevokedTokens(
+        self, request: pb.ListRevokedTokensRequest, context: object
+    ) -> pb.ListRevokedTokensResponse:
+        return pb.ListRevokedTokensResponse(
+            status=_OK,
+            tokens=[
+                pb.RevokedToken(token_id=r.token_id, expires_s=r.expires_s, revoked_s=r.revoked_s)
+                for r in self.access.revoked.listed()
+            ],
+        )
 
 
 def add_to_server(servicer: MasterServicer, server: grpc.aio.Server) -> None:

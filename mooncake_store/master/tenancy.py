@@ -98,7 +98,7 @@ REQUEST_KEYS: dict[str, Rename] = {
 #: Methods whose requests and replies name no object key.
 KEYLESS = frozenset({
     "Hello", "MountSegment", "Heartbeat", "UnmountSegment", "ListNodes", "Stats",
-    "Authenticate", "CreateToken", "DrainNode",
+    "Authenticate", "CreateToken", "RevokeToken", "ListRevokedTokens", "DrainNode",
 })  # fmt: skip
 
 
