@@ -11,12 +11,13 @@ put whose call got no reply is kept here, by key, and the next put of that key s
 with the count one higher: the master revokes the pending put of that id and a lower count (its
 writer, this client, never got its grant or had finished writing with it) and starts the new
 one in its place, or waits for its commit when its PutEnd came (master/puts.py `put_start`).
-A put whose reply came forgets its id.  The ids of at most `MAX_KEPT` keys are kept (the
-oldest go first); a key whose id was dropped is only refused as before.
+A put whose reply came has forgotten its id (`start` took it).  The ids of at most `MAX_KEPT`
+keys are kept (the oldest go first); a key whose id was dropped is only refused as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from collections import OrderedDict
@@ -30,8 +31,16 @@ _random = random.SystemRandom()
 
 
 def unanswered(error: BaseException) -> bool:
-    """True for a master call's failure that may or may not have taken effect."""
-    return isinstance(error, (MasterTimeoutError, MasterUnavailableError))
+    """True for a master call's failure that may or may not have taken effect: no reply in
+    time, a connection lost after sending, or the call abandoned while it was out (the
+    caller's own timeout cancelled it, an interrupt, the flow closed)."""
+    return isinstance(
+        error,
+        (
+            MasterTimeoutError, MasterUnavailableError, asyncio.CancelledError,
+            KeyboardInterrupt, GeneratorExit,
+        ),
+    )  # fmt: skip
 
 
 class PutAttempts:
@@ -70,10 +79,3 @@ class PutAttempts:
             self._kept.move_to_end(key)
             while len(self._kept) > self._max_kept:
                 self._kept.popitem(last=False)
-
-    def answered(self, key: str, attempt: tuple[int, int]) -> None:
-        """A reply of `key`'s put made as `attempt` came: nothing of it is left unknown."""
-        with self._lock:
-            kept = self._kept.get(key)
-            if kept is not None and kept[0] == attempt[0]:
-                del self._kept[key]

@@ -9,6 +9,7 @@ from typing import Any
 
 from mooncake_store.client.device import to_host
 from mooncake_store.client.master_client import put_start_call, report_corrupt_call
+from mooncake_store.client.put_attempts import PutAttempts, unanswered
 from mooncake_store.client.steps import Flow, as_readable, parts_checksum
 from mooncake_store.client.transport import Buffer
 from mooncake_store.client.types import PutPlan, PutSpec, ReplicaLocation
@@ -77,7 +78,9 @@ def check_conflicts(pending: list[PendingPut], counters: dict[str, int]) -> None
             )
 
 
-def heal_conflicts(conflicted: list[PendingPut], counters: dict[str, int]) -> Flow[None]:
+def heal_conflicts(
+    conflicted: list[PendingPut], counters: dict[str, int], attempts: PutAttempts
+) -> Flow[None]:
     """Ask the master to check the stored replicas of conflicting keys (a report naming no
     replica): where every one fails its checksum (a put committed with a wrong one), the
     master deletes the key and this put starts again, so it heals without a read first.
@@ -92,8 +95,28 @@ def heal_conflicts(conflicted: list[PendingPut], counters: dict[str, int]) -> Fl
     healed = [p for p, err in zip(conflicted, outcomes, strict=True) if err is None]
     if not healed:
         return
-    plans = yield put_start_call([p.spec for p in healed])
-    for p, plan in zip(healed, plans, strict=True):
-        counters["put_conflicts"] -= 1
-        p.error, p.plan = (plan, None) if isinstance(plan, MooncakeError) else (None, plan)
+    counters["put_conflicts"] -= len(healed)
+    yield from start_puts(healed, attempts)
     check_conflicts(healed, counters)
+
+
+def start_puts(pending: list[PendingPut], attempts: PutAttempts) -> Flow[None]:
+    """PutStart of `pending`, each naming its attempt (client/put_attempts.py); sets each
+    one's plan or error.  The attempt of a call that got no reply is kept for the next put of
+    its key, and so is a retry's that was refused (its lost try may still be pending)."""
+    tries = attempts.start([p.key for p in pending])
+    try:
+        plans = yield put_start_call([p.spec for p in pending], tries)
+    except BaseException as exc:
+        if unanswered(exc):
+            for p, attempt in zip(pending, tries, strict=True):
+                attempts.lost(p.key, attempt)
+        raise
+    for p, plan, attempt in zip(pending, plans, tries, strict=True):
+        p.attempt = attempt
+        if isinstance(plan, MooncakeError):
+            p.error, p.plan = plan, None
+            if unanswered(plan) or attempt[1]:
+                attempts.lost(p.key, attempt)
+        else:
+            p.error, p.plan = None, plan

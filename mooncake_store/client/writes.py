@@ -26,10 +26,14 @@ from mooncake_store.client.leases import (
 from mooncake_store.client.master_client import (
     put_end_call,
     put_revoke_call,
-    put_start_call,
 )
 from mooncake_store.client.put_attempts import PutAttempts, unanswered
-from mooncake_store.client.put_items import PendingPut, check_conflicts, heal_conflicts
+from mooncake_store.client.put_items import (
+    PendingPut,
+    check_conflicts,
+    heal_conflicts,
+    start_puts,
+)
 from mooncake_store.client.shm import CopyStopped, Guard
 from mooncake_store.client.speculative import LocationMemory
 from mooncake_store.client.steps import (
@@ -201,28 +205,11 @@ class WriteFlows(LocationMemory):
     ) -> Flow[list[PendingPut]]:
         """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes).
         Returns the puts revoked because no replica could be written."""
-        attempts = self._attempts.start([p.key for p in pending])
-        try:
-            plans = yield put_start_call([p.spec for p in pending], attempts)
-        except BaseException as exc:
-            if unanswered(exc):
-                for p, attempt in zip(pending, attempts, strict=True):
-                    self._attempts.lost(p.key, attempt)
-            raise
-        for p, plan, attempt in zip(pending, plans, attempts, strict=True):
-            p.attempt = attempt
-            if isinstance(plan, MooncakeError):
-                p.error = plan
-                if unanswered(plan):
-                    self._attempts.lost(p.key, attempt)
-                    continue
-            else:
-                p.plan = plan
-            self._attempts.answered(p.key, attempt)
+        yield from start_puts(pending, self._attempts)
         check_conflicts(pending, self.counters)
         conflicted = [p for p in pending if isinstance(p.error, ObjectConflictError)]
         if conflicted:
-            yield from heal_conflicts(conflicted, self.counters)
+            yield from heal_conflicts(conflicted, self.counters, self._attempts)
         to_write = [p for p in pending if p.plan is not None and not p.plan.already_exists]
         try:
             # Replicas in pools already mapped on this host are plain copies: no task each.
@@ -341,12 +328,20 @@ class WriteFlows(LocationMemory):
         not hide why the put failed (the master reclaims a put that never ends anyway, and
         this client's next put of the key revokes it: put_attempts.py)."""
         try:
-            yield put_revoke_call([p.key for p in failed], [p.generation for p in failed])
-        except MooncakeError as exc:
+            outcomes = yield put_revoke_call(
+                [p.key for p in failed], [p.generation for p in failed]
+            )
+        except BaseException as exc:
             for p in failed:
                 self._attempts.lost(p.key, p.attempt)
+            if not isinstance(exc, MooncakeError):
+                raise
             log.info("could not revoke %d failed puts (the master reclaims them): %s",
                      len(failed), exc)  # fmt: skip
+            return
+        for p, outcome in zip(failed, outcomes, strict=True):
+            if outcome is not None and unanswered(outcome):  # a slice got no reply
+                self._attempts.lost(p.key, p.attempt)
 
     def _write_remote(self, pending: list[PendingPut]) -> Flow[None]:
         """Write every replica of `pending`: same-host pools by copy, the rest over TCP."""

@@ -17,7 +17,7 @@ from mooncake_store.common.errors import (
     NoSpaceError,
     ObjectNotFoundError,
 )
-from mooncake_store.common.grant import GrantMode
+from mooncake_store.common.grant import GrantMode, grant_generation
 from mooncake_store.master.batches import capped, each, pause_every
 from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.leases import put_leased, release_all, release_lease
@@ -230,8 +230,8 @@ class PutMethods(LeaseMethods):
             failure = pb.Status(code=MooncakeError.code, message=f"metadata write failed: {exc}")
             for item, result in zip(items, results, strict=True):
                 if result.replicas:
-                    try:
-                        self.table.put_revoke(item.key)
+                    try:  # this put only (a retry may have taken its place meanwhile)
+                        self.table.put_revoke(item.key, grant_generation(result.replicas[0].grant))
                     except MooncakeError:
                         pass  # its node died meanwhile: already gone
                     result.Clear()
