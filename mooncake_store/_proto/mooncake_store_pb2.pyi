@@ -454,12 +454,12 @@ class CreateTokenResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class RevokeTokenRequest(_message.Message):
-    __slots__ = ("token_id", "expires_s")
+    __slots__ = ("token_id", "token")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
-    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     token_id: str
-    expires_s: int
-    def __init__(self, token_id: _Optional[str] = ..., expires_s: _Optional[int] = ...) -> None: ...
+    token: str
+    def __init__(self, token_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class RevokeTokenResponse(_message.Message):
     __slots__ = ("status", "already_revoked", "connections_closed")

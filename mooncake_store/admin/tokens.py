@@ -132,18 +132,22 @@ def _admin_call(master: str, method: str, request: Any) -> Any:
 )
 def revoke(token_or_id: str, master: str) -> None:
     """Revoke one token: the master refuses it from now on, on every call, and closes the
-    connections that use it.  Give the token itself (its id and expiry are read from it) or
-    its id (`token inspect`; then the record is kept until the cluster key is rotated).
+    connections that use it.  Give the token itself (the master verifies it, and drops the
+    record once the token has expired) or its id (`token inspect`; the record is then kept
+    until the cluster key is rotated).
 
     Example: mooncake-admin token revoke mc1.eyJ...  --master 10.0.0.5:50051
     """
     from mooncake_store._proto import mooncake_store_pb2 as pb
 
     try:
-        token_id, expires_s = _token_id(token_or_id)
-        reply = _admin_call(
-            master, "RevokeToken", pb.RevokeTokenRequest(token_id=token_id, expires_s=expires_s)
-        )
+        if "." in token_or_id:
+            request = pb.RevokeTokenRequest(token=bearer(token_or_id))
+            token_id = parse_claims(token_or_id).token_id
+        else:
+            token_id = validate_token_id(token_or_id.strip())
+            request = pb.RevokeTokenRequest(token_id=token_id)
+        reply = _admin_call(master, "RevokeToken", request)
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     except AccessDeniedError as exc:
@@ -193,16 +197,8 @@ def inspect(token_value: str) -> None:
     )
 
 
-def _token_id(token_or_id: str) -> tuple[str, int]:
-    """(id, expiry) of a token given itself or by its id (expiry 0: not known)."""
-    if "." in token_or_id:
-        try:
-            claims = parse_claims(token_or_id)
-        except AccessDeniedError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        return claims.token_id, claims.expires_s
-    return validate_token_id(token_or_id.strip()), 0
-
-
 def _when(unix_s: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
+    except (OverflowError, OSError, ValueError):
+        return f"{unix_s:.0f} (Unix seconds)"

@@ -45,6 +45,7 @@ class RevokedTokens:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._revoked: dict[str, Revocation] = {}
+        self._unsaved: set[str] = set()  # refused here, its record not written yet
 
     def __contains__(self, token_id: object) -> bool:
         return token_id in self._revoked
@@ -59,8 +60,10 @@ class RevokedTokens:
 
     def revoke(self, token_id: str, expires_s: int) -> Revocation | None:
         """Revoke `token_id`, a token that expires at `expires_s` (0: never, or not known:
-        kept until the cluster key is rotated); the record to write, or None when it was
-        revoked already (the first record stays as it is: an id names one token).
+        kept until the cluster key is rotated; the caller passes only a verified token's
+        expiry).  The record to write (then `saved`), or None when it was revoked and
+        recorded already (the first record stays as it is: an id names one token; one whose
+        write failed is returned again, to be written again).
 
         Raises:
             InvalidArgumentError: a malformed id, a negative expiry, or too many records.
@@ -68,8 +71,9 @@ class RevokedTokens:
         validate_token_id(token_id)
         if expires_s < 0:
             raise InvalidArgumentError(f"expires_s must be >= 0 (0: never), got {expires_s}")
-        if token_id in self._revoked:
-            return None
+        known = self._revoked.get(token_id)
+        if known is not None:
+            return known if token_id in self._unsaved else None
         if len(self._revoked) >= MAX_REVOKED:
             raise InvalidArgumentError(
                 f"{MAX_REVOKED} tokens are revoked already: rotate the cluster key instead "
@@ -77,7 +81,12 @@ class RevokedTokens:
             )
         record = Revocation(token_id, expires_s, self._clock())
         self._revoked[token_id] = record
+        self._unsaved.add(token_id)
         return record
+
+    def saved(self, token_id: str) -> None:
+        """`token_id`'s record is written (durable from now on)."""
+        self._unsaved.discard(token_id)
 
     def expired(self) -> list[str]:
         """Drop the records of tokens that have expired since (they are refused as expired
@@ -86,6 +95,7 @@ class RevokedTokens:
         gone = [t for t, r in self._revoked.items() if r.expires_s and r.expires_s <= now]
         for token_id in gone:
             del self._revoked[token_id]
+            self._unsaved.discard(token_id)
         return gone
 
     def listed(self) -> list[Revocation]:

@@ -179,28 +179,43 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self, request: pb.RevokeTokenRequest, context: object
     ) -> pb.RevokeTokenResponse:
         """Revoke one token (master/revocations.py), for an admin: refused from now on, on
-        every call; recorded before the reply; framed connections that use it are closed."""
-        if self.access.authority is None:
+        every call; recorded before the reply; framed connections that use it are closed.
+        Given the token itself, the master verifies it and keeps the record until its expiry;
+        given only an id, for good (an expiry the caller states is never trusted)."""
+        authority = self.access.authority
+        if authority is None:
             problem = "this master runs with --auth off: it has no tokens to revoke"
             return pb.RevokeTokenResponse(status=_status(InvalidArgumentError(problem)))
+        caller = self.access.caller(context)  # before: it may be revoking its own token
         try:
-            record = self.access.revoked.revoke(request.token_id, request.expires_s)
+            token_id, expires_s = request.token_id, 0
+            if request.token:
+                claims = authority.genuine(request.token)
+                if token_id and token_id != claims.token_id:
+                    raise InvalidArgumentError(
+                        f"token_id {token_id!r} is not the id of the token given"
+                    )
+                token_id, expires_s = claims.token_id, claims.expires_s
+            record = self.access.revoked.revoke(token_id, expires_s)
+        except AccessDeniedError as exc:
+            bad = InvalidArgumentError(f"nothing revoked: {exc.message}")
+            return pb.RevokeTokenResponse(status=_status(bad))
         except InvalidArgumentError as exc:
             return pb.RevokeTokenResponse(status=_status(exc))
-        closed = self.drop_token_connections(request.token_id)
+        closed = self.drop_token_connections(token_id)
         if record is not None:
             try:
                 await self.store.write(revoked=[record])
-            except Exception as exc:  # refused here meanwhile, but not after a restart
-                log.error("recording the revocation of token %s failed: %s", record.token_id, exc)
-                problem = (
-                    f"token {record.token_id} is refused by this master, but its revocation "
-                    f"could not be recorded ({exc}): a restarted master would accept it; retry"
+            except Exception as exc:  # refused here meanwhile, not after a restart: a retry
+                log.error("recording the revocation of token %s failed: %s", token_id, exc)
+                problem = (  # writes it again (revocations.py)
+                    f"token {token_id} is refused by this master, but its revocation could "
+                    f"not be recorded ({exc}): a restarted master would accept it; retry"
                 )
                 return pb.RevokeTokenResponse(status=_status(MooncakeError(problem)))
-        caller = self.access.caller(context)
+            self.access.revoked.saved(token_id)
         log.warning("admin token %s revoked token %s (%d framed connections closed)",
-                    caller.token_id, request.token_id, closed)  # fmt: skip
+                    caller.token_id, token_id, closed)  # fmt: skip
         return pb.RevokeTokenResponse(
             status=_OK, already_revoked=record is None, connections_closed=closed
         )

@@ -5,7 +5,10 @@ Tokens are made and revoked the way an operator does, with the CLI."""
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -16,11 +19,12 @@ from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.admin.cli import main as admin
 from mooncake_store.client.sync_client import Client
 from mooncake_store.cluster_inprocess import InProcessCluster
-from mooncake_store.common.auth import parse_claims
+from mooncake_store.common.auth import bearer, parse_claims
 from mooncake_store.common.credentials import local_token_path
 from mooncake_store.common.errors import AccessDeniedError
+from mooncake_store.common.framed import HEADER
 from tests.conftest import FAST_MASTER, wait_until
-from tests.integration.test_security import bearer_md, create_token, stub
+from tests.integration.test_security import _frame, bearer_md, create_token, stub
 
 
 def cli(*args: str) -> str:
@@ -110,3 +114,98 @@ def test_a_revoked_node_token_stops_its_nodes_heartbeats(tmp_path: Path) -> None
             assert [n.state for n in client.list_nodes()] == ["valid"]
             cli("token", "revoke", node_token, "--master", cluster.master_address)
             wait_until(lambda: not client.list_nodes(), timeout_s=30, what="the node dropped")
+
+
+def works(address: str, token: str) -> bool:
+    try:
+        with Client(address, token=token) as client:
+            client.exists("probe")
+        return True
+    except AccessDeniedError:
+        return False
+
+
+def test_a_revocation_whose_record_failed_is_written_by_its_retry(tmp_path: Path) -> None:
+    """The write fails: refused here at once, and said to be not durable; the retry the error
+    asks for writes it, so that a restarted master still refuses the token."""
+    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
+        leaked = create_token(cluster, "--role", "client", "--ttl", "1d")
+        address = cluster.master_address
+        store = cluster.master.server._servicer.store
+        real_write, failures = store.write, [OSError("disk full (injected)")]
+
+        async def flaky_write(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if kwargs.get("revoked") and failures:
+                raise failures.pop()
+            return await real_write(*args, **kwargs)
+
+        store.write = flaky_write
+        first = CliRunner().invoke(admin, ["token", "revoke", leaked, "--master", address])
+        assert first.exit_code != 0 and "could not be recorded" in first.output
+        assert not works(address, leaked)
+        assert "revoked;" in cli("token", "revoke", leaked, "--master", address)
+        store.write = real_write
+        cluster.master.stop()
+        cluster.start_master()
+        cluster.wait_for_nodes(1)
+        assert not works(address, leaked)
+
+
+def test_an_admin_revoking_its_own_leaked_token_is_told_it_worked(tmp_path: Path) -> None:
+    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
+        mine = create_token(cluster, "--role", "admin", "--ttl", "1d")
+        address = cluster.master_address
+        said = CliRunner().invoke(admin, ["token", "revoke", mine, "--master", address],
+                                  env={"MOONCAKE_TOKEN": mine})  # fmt: skip
+        assert said.exit_code == 0 and "revoked" in said.output, said.output
+        assert not works(address, mine)
+
+
+def test_a_tampered_copy_revokes_nothing_and_an_id_is_kept_whatever_expiry_is_claimed(
+    tmp_path: Path,
+) -> None:
+    """The master verifies a token it is given and takes its expiry from it: a copy of a
+    leaked token whose payload claims it expires in 2 s (the mac no longer matches) is refused
+    ("nothing revoked"), rather than revoked for 2 s.  By id, the record is kept for good."""
+    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
+        leaked = create_token(cluster, "--role", "client", "--ttl", "365d")
+        head, body, mac = leaked.split(".")
+        payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        payload["x"] = int(time.time()) + 2
+        claimed = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        tampered = f"{head}.{base64.urlsafe_b64encode(claimed).rstrip(b'=').decode()}.{mac}"
+        address = cluster.master_address
+        said = CliRunner().invoke(admin, ["token", "revoke", tampered, "--master", address])
+        assert said.exit_code != 0 and "nothing revoked" in said.output, said.output
+        assert works(address, leaked)  # and the operator was told so
+        cli("token", "revoke", parse_claims(leaked).token_id, "--master", address)
+        time.sleep(3)  # past the claimed expiry: several ticks
+        assert not works(address, leaked)
+        [listed] = json.loads(cli("token", "revoked", "--master", address, "--json"))
+        assert listed["expires_s"] == 0
+
+
+def test_the_pending_puts_of_a_revoked_framed_connection_end_with_it(tmp_path: Path) -> None:
+    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
+        leaked = create_token(cluster, "--role", "client", "--ttl", "1d")
+        channel, master = stub(cluster)
+        with channel:
+            hello = master.Hello(pb.HelloRequest(), timeout=5, metadata=bearer_md(leaked))
+        table = cluster.master.server.table
+        with socket.create_connection(("127.0.0.1", hello.framed_port), timeout=5) as sock:
+            auth = pb.AuthenticateRequest(token=bearer(leaked)).SerializeToString()
+            sock.sendall(_frame("Authenticate", auth, 1))
+            length, _, status = HEADER.unpack(sock.recv(HEADER.size, socket.MSG_WAITALL))
+            sock.recv(length, socket.MSG_WAITALL)
+            assert status == 0
+            item = pb.PutStartItem(key="pending-framed", size_bytes=4096)
+            start = pb.BatchPutStartRequest(items=[item]).SerializeToString()
+            sock.sendall(_frame("BatchPutStart", start, 2))
+            length, _, status = HEADER.unpack(sock.recv(HEADER.size, socket.MSG_WAITALL))
+            reply = pb.BatchPutStartResponse.FromString(sock.recv(length, socket.MSG_WAITALL))
+            assert status == 0 and reply.results[0].status.code == 0
+            assert "pending-framed" in table._pending
+            said = cli("token", "revoke", leaked, "--master", cluster.master_address)
+            assert "1 connections closed" in said
+            wait_until(lambda: "pending-framed" not in table._pending, timeout_s=5,
+                       what="the connection's pending put revoked")  # fmt: skip

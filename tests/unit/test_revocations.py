@@ -40,6 +40,8 @@ def test_a_repeat_leaves_the_first_record_as_it_is() -> None:
     revoked = RevokedTokens(clock)
     first = revoked.revoke("ab", expires_s=2_000_000)
     clock.now += 5
+    assert revoked.revoke("ab", 3_000_000) == first  # not written yet: write it (again)
+    revoked.saved("ab")
     for expires_s in (1_500_000, 3_000_000, 0):  # an id names one token: nothing to write
         assert revoked.revoke("ab", expires_s) is None
     assert revoked.listed() == [first]
@@ -60,6 +62,7 @@ def test_the_number_of_records_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     revoked = RevokedTokens(Clock())
     for n in range(3):
         revoked.revoke(f"t{n}", 0)
+        revoked.saved(f"t{n}")
     with pytest.raises(InvalidArgumentError, match="rotate the cluster key"):
         revoked.revoke("t3", 0)
     assert revoked.revoke("t0", 0) is None  # a repeat is still answered
@@ -70,6 +73,7 @@ def test_records_read_back_are_refused_and_listed_in_revocation_order() -> None:
     revoked.load([Revocation("late", 0, 20.0), Revocation("early", 5, 10.0)])
     assert [r.token_id for r in revoked.listed()] == ["early", "late"]
     assert "late" in revoked and "early" in revoked
+    assert revoked.revoke("late", 0) is None  # recorded already: nothing to write
 
 
 def test_access_control_refuses_a_revoked_genuine_token_and_only_it() -> None:
@@ -83,3 +87,10 @@ def test_access_control_refuses_a_revoked_genuine_token_and_only_it() -> None:
         access.authenticate(leaked)
     assert access.denied == 1
     assert access.authenticate(kept).tenant == "alpha"
+
+
+def test_the_cli_prints_any_expiry_it_is_shown() -> None:
+    from mooncake_store.admin.tokens import _when
+
+    assert _when(0) == "1970-01-01 00:00:00 UTC"
+    assert "Unix seconds" in _when(2**63 - 1)  # past what gmtime takes: printed as is
