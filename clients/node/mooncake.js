@@ -80,6 +80,10 @@ class Client {
       { key, size_bytes: String(value.length), replicas });
     check(start.status, `PutStart ${key}`);
     if (start.already_exists) return 0;
+    // The put's generation, as its write grants carry it (a little-endian u64 at byte 33):
+    // PutEnd and PutRevoke name it, so that a late one never ends a later put of the key.
+    const generation = start.replicas.length
+      ? Buffer.from(start.replicas[0].grant).readBigUInt64LE(33).toString() : '0';
     let checksum = null;
     try {
       for (const loc of start.replicas) {
@@ -90,10 +94,10 @@ class Client {
         checksum = digest;
       }
     } catch (err) {
-      await this.call('PutRevoke', { key });
+      await this.call('BatchPutRevoke', { keys: [key], generations: [generation] });
       throw err;
     }
-    const end = await this.call('PutEnd', { key, checksum });
+    const end = await this.call('PutEnd', { key, checksum, generation });
     check(end.status, `PutEnd ${key}`);
     return end.replicas;
   }
