@@ -375,11 +375,15 @@ class PutLifecycle(EvictionVictims):
             )
         return slot
 
-    def committed_as(self, key: str, checksum: int) -> tuple[int, int] | None:
-        """(state, replica count) of `key` when its put was sealed with `checksum` (COMMITTING
-        or COMPLETE), else None: a repeated PutEnd whose first reply was lost finds it here."""
+    def committed_as(self, key: str, checksum: int, generation: int = 0) -> tuple[int, int] | None:
+        """(state, replica count) of `key` when its put (of `generation`, when nonzero) was
+        sealed with `checksum` (COMMITTING or COMPLETE), else None: a repeated PutEnd whose
+        first reply was lost finds it here; one of a put that ended meanwhile does not find
+        another client's put of the same bytes."""
         slot = self._slot.get(key)
         if slot is None or self._state[slot] == PROCESSING or self._checksum[slot] != checksum:
+            return None
+        if generation and self._gen[slot] != generation:
             return None
         return self._state[slot], len(self._replicas(slot))
 

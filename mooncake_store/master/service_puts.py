@@ -267,7 +267,7 @@ class PutMethods(LeaseMethods):
         """The reply to a PutEnd of a put already sealed with the same checksum (a retry whose
         first reply was lost): success once it is committed, None while it is being made
         durable (the caller waits for that commit)."""
-        found = self.table.committed_as(item.key, item.checksum)
+        found = self.table.committed_as(item.key, item.checksum, item.generation)
         if found is None:
             return None
         state, replicas = found

@@ -15,6 +15,7 @@ from mooncake_store.common.errors import (
     ObjectBusyError,
     ObjectNotFoundError,
 )
+from mooncake_store.master.columns import COMPLETE
 from mooncake_store.master.object_table import ObjectTable, TableConfig
 from tests.unit.test_allocation_lifecycle import ack_all
 from tests.unit.test_object_table import Clock, MiB, beat, mount, used
@@ -207,3 +208,17 @@ def test_a_put_end_of_a_put_that_ended_cannot_seal_the_next_put_of_the_key(table
     with pytest.raises(ObjectNotFoundError):
         table.put_end("k", 7, generation=mine.generation)
     table.put_end("k", 8, generation=theirs.generation)
+
+
+def test_a_repeated_put_end_finds_its_own_put_not_another_of_the_same_bytes(table):
+    """A repeated PutEnd (its first reply lost) is answered from the committed object only
+    when that object is its put: a put reclaimed meanwhile, whose key another client then
+    committed with the same bytes (maybe under another identity), is not reported stored."""
+    mine = table.put_start("k", MiB, 1)
+    table.put_revoke("k", mine.generation)  # reclaimed, or revoked as its connection closed
+    theirs = table.put_start("k", MiB, 1)
+    table.put_end("k", 5, generation=theirs.generation)
+    table.commit_put_end("k")
+    assert table.committed_as("k", 5, theirs.generation) == (COMPLETE, 1)
+    assert table.committed_as("k", 5, mine.generation) is None
+    assert table.committed_as("k", 5) == (COMPLETE, 1)  # naming no put: as before
