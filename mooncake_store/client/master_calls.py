@@ -193,22 +193,16 @@ def put_start_call(
     return MasterCall("BatchPutStart", request, parse, batch="items", slice_failed=each_failed)
 
 
-PutEndTuple = tuple[str, int, Sequence[int]] | tuple[str, int, Sequence[int], int]
+PutEndTuple = tuple[str, int, Sequence[int], int]
 
 
 def put_end_items(items: Sequence[PutEndTuple]) -> list[pb.PutEndItem]:
-    """PutEnd items of (key, checksum, failed segments[, put generation: 0 if left out])."""
-    out = []
-    for key, checksum, failed, *generation in items:
-        out.append(
-            pb.PutEndItem(
-                key=key,
-                checksum=checksum,
-                failed_segments=list(failed),
-                generation=generation[0] if generation else 0,
-            )
-        )
-    return out
+    """PutEnd items of (key, checksum, failed segments, put generation; 0: whichever put of
+    the key is pending)."""
+    return [
+        pb.PutEndItem(key=k, checksum=c, failed_segments=list(f), generation=g)
+        for k, c, f, g in items
+    ]
 
 
 def put_end_call(items: Sequence[PutEndTuple]) -> MasterCall[list[int | MooncakeError]]:

@@ -360,6 +360,11 @@ class PutLifecycle(EvictionVictims):
         self._pending.pop(key, None)
         return self._snapshot(slot)
 
+    def _other_put(self, slot: int, generation: int) -> bool:
+        """True when `generation` names a put other than the one in `slot` (0 names any: a
+        PutEnd or revoke of an older client)."""
+        return bool(generation) and self._gen[slot] != generation
+
     def _pending_slot(self, key: str, generation: int) -> int:
         """The slot of `key`'s pending put (of `generation`, when nonzero), or
         ObjectNotFoundError."""
@@ -368,7 +373,7 @@ class PutLifecycle(EvictionVictims):
             raise ObjectNotFoundError(
                 f"no put of {key!r} is pending: it was revoked, timed out or never started"
             )
-        if generation and self._gen[slot] != generation:
+        if self._other_put(slot, generation):
             raise ObjectNotFoundError(
                 f"the put of {key!r} this PutEnd names was revoked, timed out or replaced by its "
                 "client's retry; a later put of the key is pending"
@@ -383,7 +388,7 @@ class PutLifecycle(EvictionVictims):
         slot = self._slot.get(key)
         if slot is None or self._state[slot] == PROCESSING or self._checksum[slot] != checksum:
             return None
-        if generation and self._gen[slot] != generation:
+        if self._other_put(slot, generation):
             return None
         return self._state[slot], len(self._replicas(slot))
 
@@ -427,7 +432,7 @@ class PutLifecycle(EvictionVictims):
             raise ObjectNotFoundError(f"no put of {key!r} is pending")
         if self._state[slot] == COMPLETE:
             raise ObjectBusyError(f"{key!r} is already committed; remove it instead of revoking")
-        if generation and self._gen[slot] != generation:
+        if self._other_put(slot, generation):
             raise ObjectNotFoundError(
                 f"the put of {key!r} being revoked ended already; a later put of it is pending"
             )

@@ -2,11 +2,12 @@
 
 A token is valid by its signature alone (common/auth.py), so a leaked one would otherwise stay
 good until it expires or the cluster key is rotated (which revokes every token).  An admin
-revokes one by its id (`mooncake-admin token revoke`): the master records it in RocksDB
-(`t/<id>`, the token's own expiry as the value) and from then on refuses the token on every
-entry point: a gRPC call carries its token each time and is checked each time; a framed
-connection authenticated with it is closed, and its Authenticate again is refused.  A record
-is kept until the token would have expired anyway (forever for a token that never expires).
+revokes one (`mooncake-admin token revoke`) by the token itself, which the master verifies, or
+by its id alone: the master records it in RocksDB (`t/<id>`, the verified token's expiry as the
+value; 0 for an id alone) and from then on refuses the token on every entry point: a gRPC call
+carries its token each time and is checked each time; a framed connection authenticated with
+it is closed, and its Authenticate again is refused.  A record is kept until the token would
+have expired anyway (for good when its expiry is 0: a token that never expires, or an id).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def put_with_ends(master: str, key: str, value: bytes, *checksums: int) -> list:
             [plan] = await client.put_start([PutSpec(key, len(value), 1)])
             loc = plan.replicas[0]
             assert send(loc, Op.WRITE, loc.offset, value) == OK
-            return [await client.run(put_end_call([(key, c, [])])) for c in checksums]
+            return [await client.run(put_end_call([(key, c, [], 0)])) for c in checksums]
         finally:
             await client.close()
 
@@ -301,7 +301,7 @@ def test_write_grants_end_with_their_put(cluster2):
             for loc in locs.values():
                 assert send(loc, Op.WRITE, loc.offset, value) == OK  # while the put is open
             digest = xxhash.xxh3_64_intdigest(value)
-            await client.run(put_end_call([("ended", digest, []), ("removed", digest, [])]))
+            await client.run(put_end_call([("ended", digest, [], 0), ("removed", digest, [], 0)]))
             await client.run(put_revoke_call(["revoked"]))
             await client.run(remove_call(["removed"]))
 

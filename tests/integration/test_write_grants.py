@@ -92,7 +92,7 @@ def test_a_put_grant_cannot_rewrite_its_committed_bytes_before_any_fence(no_fenc
         # One grant, several writes at disjoint ranges: all of them work.
         assert write(sock, loc, VALUE[:half]) == (OK, "")
         assert write(sock, loc, VALUE[half:], at=half) == (OK, "")
-        [replicas] = calls.run(put_end_call([("sealed", checksum(VALUE), [])]))
+        [replicas] = calls.run(put_end_call([("sealed", checksum(VALUE), [], 0)]))
         assert replicas == 1
         # The master ticks once an hour, so no fence has reached the node: the seal refuses.
         for at, size in ((0, len(VALUE)), (half, 4096), (half - 1, 2)):
@@ -118,7 +118,7 @@ def test_a_write_cut_off_mid_payload_seals_nothing(no_fences):
             return status == OK
 
         wait_until(retried, what="the node to drop the cut-off write")  # then it works
-        assert calls.run(put_end_call([("cut", checksum(VALUE), [])])) == [1]
+        assert calls.run(put_end_call([("cut", checksum(VALUE), [], 0)])) == [1]
     with Client(master) as store:
         assert store.get("cut") == VALUE
 
@@ -222,7 +222,7 @@ def test_a_mount_reply_not_signed_by_the_master_reopens_no_grant(tmp_path):
             loc = calls.put_start("kept", len(VALUE))
             with connect(loc) as sock:
                 assert write(sock, loc, VALUE) == (OK, "")
-            assert calls.run(put_end_call([("kept", checksum(VALUE), [])])) == [1]
+            assert calls.run(put_end_call([("kept", checksum(VALUE), [], 0)])) == [1]
         gate = node.server.access.gate
         # The master's next tick fences the put's generation, and the node drops its seals.
         wait_until(lambda: gate.generations() == 0, what="the write fence")

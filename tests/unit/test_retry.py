@@ -42,7 +42,7 @@ def test_without_jitter_the_wait_doubles_up_to_the_cap():
 def test_only_calls_that_are_safe_to_repeat_are_marked_idempotent():
     assert exists_call(["k"]).idempotent
     assert get_replica_list_call(["k"]).idempotent
-    assert put_end_call([("k", 1, ())]).idempotent  # the master answers a repeat the same way
+    assert put_end_call([("k", 1, (), 0)]).idempotent  # the master answers a repeat the same way
     assert not put_start_call([]).idempotent  # a repeat finds its own put pending
     assert not remove_call(["k"]).idempotent  # a repeat reports "nothing to remove"
     assert not put_revoke_call(["k"]).idempotent  # a late repeat could revoke a later put
