@@ -24,6 +24,7 @@ from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
 from mooncake_store.common.checksum import checksum as checksum
+from mooncake_store.common.copyhash import copy_digest
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
 
@@ -39,13 +40,11 @@ def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None)
     """Copy `src` into `dest` (same length) and return the checksum of `dest`.  `guard` runs
     before the copy and before each of its 1 MiB steps (in both threads).
 
-    Copying and hashing in cache-sized steps reads memory once instead of twice.  On these VMs,
-    between a shared-memory pool and numpy buffers at 1-16 MiB: copy-then-hash 8.0-9.8 GB/s,
-    1 MiB steps 8.8-10.2 GB/s; 256 KiB steps fall to 5-6 GB/s on reads.  The steps are the
-    checksum's 1 MiB chunks (common/checksum.py), so each step yields one chunk digest.  The
-    copy is numpy's, which releases the GIL, so the threads of one process copy in parallel.
+    Each 1 MiB step is one checksum chunk (common/checksum.py), copied and hashed by
+    `copy_digest` (common/copyhash.py): in one pass over memory by the C kernel, or copied by
+    numpy and hashed while the chunk is in cache.  Both release the GIL, so the threads of one
+    process copy in parallel.
 
-    One core copies cold memory at ~13 GB/s here, short of what the memory system gives two.
     From 4 MiB, when the process's copy helper is free, it copies and hashes the back half
     while this thread copies and hashes the front half (the chunks are independent); busy
     (another thread of the process is using it), the copy stays in this thread.
@@ -55,35 +54,32 @@ def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None)
         raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
     if guard is not None:
         guard()
-    if n <= _SMALL_COPY:  # a few microseconds: numpy's call overhead would double it
-        dest[:] = src
-        return chunk_digest(dest)
-    to = np.frombuffer(dest, dtype=np.uint8)
-    frm = np.frombuffer(src, dtype=np.uint8)
     if n <= _FUSE_CHUNK:
-        np.copyto(to, frm)
-        return chunk_digest(dest)
+        return copy_digest(dest, src)
     half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
-    split = half if n >= _SPLIT_COPY and _HELPER.start(to, frm, half, guard) else n
+    split = half if n >= _SPLIT_COPY and _HELPER.start(dest, src, half, guard) else n
     try:
-        digests = _copy_hashed(np.copyto, to[:split], frm[:split], guard)
+        digests = _copy_hashed(copy_digest, dest[:split], src[:split], guard)
     finally:
         back = _HELPER.wait() if split < n else []
     return combine(digests + back, n)
 
 
 def _copy_hashed(
-    copy: Any, to: np.ndarray, frm: np.ndarray, guard: Guard | None = None
+    copy: Callable[[memoryview, memoryview], int],
+    to: memoryview,
+    frm: memoryview,
+    guard: Guard | None = None,
 ) -> list[int]:
-    """Copy `frm` into `to` chunk by chunk, returning each chunk's digest (`to` starts on a
-    chunk boundary of the object); `guard` runs before each chunk."""
+    """Copy `frm` into `to` chunk by chunk with `copy` (a `copy_digest`), returning each
+    chunk's digest (`to` starts on a chunk boundary of the object); `guard` runs before each
+    chunk."""
     digests = []
     for start in range(0, len(frm), _FUSE_CHUNK):
         if guard is not None and start:
             guard()
         stop = min(start + _FUSE_CHUNK, len(frm))
-        copy(to[start:stop], frm[start:stop])
-        digests.append(chunk_digest(to[start:stop]))
+        digests.append(copy(to[start:stop], frm[start:stop]))
     return digests
 
 
@@ -178,15 +174,15 @@ class _CopyHelper:
         self._busy = threading.Lock()  # held by the caller using the helper
         self._start = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
-        self._job: tuple[np.ndarray, np.ndarray, Guard | None] | None = None
+        self._job: tuple[memoryview, memoryview, Guard | None] | None = None
         self._digests: list[int] = []
         self._error: BaseException | None = None
         self._pid = 0  # the thread does not survive a fork: start one per process
         self.splits = 0  # copies it took half of
-        self._copy = np.copyto  # what the helper copies with (a test makes it fail)
+        self._copy = copy_digest  # what the helper copies with (a test makes it fail)
 
     def start(
-        self, to: np.ndarray, frm: np.ndarray, split: int, guard: Guard | None = None
+        self, to: memoryview, frm: memoryview, split: int, guard: Guard | None = None
     ) -> bool:
         """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
         if not self._busy.acquire(blocking=False):

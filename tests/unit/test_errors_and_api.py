@@ -127,15 +127,16 @@ def test_split_copies_from_many_threads_stay_right():
     with pytest.raises(ValueError, match="into a buffer of"):
         copy_checksum(memoryview(short), memoryview(src))
 
-    def failing(to: np.ndarray, frm: np.ndarray) -> None:
+    def failing(to: memoryview, frm: memoryview) -> int:
         raise OSError("bad page")
 
+    kept = _HELPER._copy
     _HELPER._copy = failing  # the helper's half fails: the caller raises, never returns
     try:
         with pytest.raises(OSError, match="bad page"):
             copy(0)
     finally:
-        _HELPER._copy = np.copyto
+        _HELPER._copy = kept
     assert not _HELPER._busy.locked()
     assert copy(0) and _HELPER.splits == splits + 3  # free again after the failure
 

@@ -1,0 +1,233 @@
+/*
+ * mooncake_store._copyhash: copy a buffer and hash the bytes written, in one pass over memory.
+ *
+ * copy_digest(dest, src) copies src into dest (two buffers of one length) and returns
+ * xxh3_64(seed 0) of the bytes it wrote: exactly xxhash.xxh3_64_intdigest(dest) afterwards, so
+ * it yields one chunk digest of the store's checksum (docs/CHECKSUM.md) for any chunk.
+ *
+ * Why: a same-host put or get is a copy between a node's pool and a caller's buffer plus the
+ * checksum of the bytes copied.  Copying, then hashing the copy, moves each byte through the
+ * core twice; memcpy also reads every destination line before writing it.  Here each 64-byte
+ * stripe is loaded once into vector registers, stored to dest, and folded into the XXH3
+ * accumulators from those same registers, so the digest is of the bytes stored (not of a
+ * second read of the source, which a concurrent writer could have changed meanwhile).  From
+ * NT_MIN_BYTES on, with dest aligned, the stores are non-temporal: they skip the read of the
+ * destination line and leave the caches to the master and node processes on the same cores.
+ *
+ * The accumulate and scramble steps are XXH3's long-input loop (xxhash.h, vendored beside this
+ * file, BSD 2-Clause), written again here only to add the stores; the tests check every digest
+ * against the xxhash package.  x86-64 runs AVX2 where the CPU has it, else SSE2; other
+ * machines copy with memcpy and hash with XXH3_64bits.  The GIL is released while it runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+
+#define STRIPE 64
+#define LONG_MIN_BYTES 241 /* XXH3's long-input path starts above 240 bytes */
+#define NT_MIN_BYTES (128 * 1024)
+#define GIL_MIN_BYTES (32 * 1024)
+
+static const char *kernel_name = "portable";
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MC_X86 1
+
+typedef void (*stripes_fn)(xxh_u64 *acc, const uint8_t *in, uint8_t *out,
+                           const uint8_t *secret, size_t stripes, int nt);
+
+/* One 64-byte stripe per step: load, store (streaming or not), accumulate as XXH3 does. */
+__attribute__((target("sse2"))) static void
+stripes_sse2(xxh_u64 *acc, const uint8_t *in, uint8_t *out, const uint8_t *secret,
+             size_t stripes, int nt)
+{
+    __m128i *xacc = (__m128i *)acc;
+    for (size_t s = 0; s < stripes; s++) {
+        const __m128i *src = (const __m128i *)(in + s * STRIPE);
+        __m128i *dst = (__m128i *)(out + s * STRIPE);
+        const __m128i *key = (const __m128i *)(secret + s * XXH_SECRET_CONSUME_RATE);
+        _mm_prefetch((const char *)(in + s * STRIPE + 512), _MM_HINT_T0);
+        for (int i = 0; i < 4; i++) {
+            __m128i data = _mm_loadu_si128(src + i);
+            if (nt)
+                _mm_stream_si128(dst + i, data);
+            else
+                _mm_storeu_si128(dst + i, data);
+            __m128i data_key = _mm_xor_si128(data, _mm_loadu_si128(key + i));
+            __m128i data_key_lo = _mm_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+            __m128i product = _mm_mul_epu32(data_key, data_key_lo);
+            __m128i swapped = _mm_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+            xacc[i] = _mm_add_epi64(product, _mm_add_epi64(xacc[i], swapped));
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void
+stripes_avx2(xxh_u64 *acc, const uint8_t *in, uint8_t *out, const uint8_t *secret,
+             size_t stripes, int nt)
+{
+    __m256i *xacc = (__m256i *)acc;
+    for (size_t s = 0; s < stripes; s++) {
+        const __m256i *src = (const __m256i *)(in + s * STRIPE);
+        __m256i *dst = (__m256i *)(out + s * STRIPE);
+        const __m256i *key = (const __m256i *)(secret + s * XXH_SECRET_CONSUME_RATE);
+        _mm_prefetch((const char *)(in + s * STRIPE + 512), _MM_HINT_T0);
+        for (int i = 0; i < 2; i++) {
+            __m256i data = _mm256_loadu_si256(src + i);
+            if (nt)
+                _mm256_stream_si256(dst + i, data);
+            else
+                _mm256_storeu_si256(dst + i, data);
+            __m256i data_key = _mm256_xor_si256(data, _mm256_loadu_si256(key + i));
+            __m256i product = _mm256_mul_epu32(data_key, _mm256_srli_epi64(data_key, 32));
+            __m256i swapped = _mm256_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+            xacc[i] = _mm256_add_epi64(product, _mm256_add_epi64(xacc[i], swapped));
+        }
+    }
+}
+
+static stripes_fn stripes = stripes_sse2;
+static size_t nt_align = 16;
+static int fused = 1; /* 0: the portable way (tests compare the kernels) */
+
+/* XXH3_hashLong_64b over src, storing every stripe it reads into dest (n > 240). */
+static xxh_u64
+copy_xxh3_long(uint8_t *dest, const uint8_t *src, size_t n)
+{
+    XXH_ALIGN(64) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
+    const uint8_t *secret = XXH3_kSecret;
+    const size_t secret_size = sizeof(XXH3_kSecret);
+    const size_t per_block = (secret_size - STRIPE) / XXH_SECRET_CONSUME_RATE;
+    const size_t block_len = STRIPE * per_block;
+    const size_t blocks = (n - 1) / block_len;
+    const int nt = n >= NT_MIN_BYTES && ((uintptr_t)dest % nt_align) == 0;
+
+    for (size_t b = 0; b < blocks; b++) {
+        stripes(acc, src + b * block_len, dest + b * block_len, secret, per_block, nt);
+        XXH3_scrambleAcc_scalar(acc, secret + secret_size - STRIPE);
+    }
+    size_t done = blocks * block_len;
+    size_t tail_stripes = ((n - 1) - done) / STRIPE;
+    stripes(acc, src + done, dest + done, secret, tail_stripes, nt);
+    done += tail_stripes * STRIPE;
+    if (nt)
+        _mm_sfence(); /* the streamed stores are visible before anything that follows */
+    memcpy(dest + done, src + done, n - done); /* 1 to 64 bytes */
+    /* The last stripe (it overlaps the one before), read back from what was written. */
+    XXH3_accumulate_512_scalar(acc, dest + n - STRIPE,
+                               secret + secret_size - STRIPE - XXH_SECRET_LASTACC_START);
+    return XXH3_finalizeLong_64b(acc, secret, (xxh_u64)n);
+}
+#endif /* x86-64 */
+
+static xxh_u64
+copy_digest_raw(uint8_t *dest, const uint8_t *src, size_t n)
+{
+#ifdef MC_X86
+    if (fused && n >= LONG_MIN_BYTES)
+        return copy_xxh3_long(dest, src, n);
+#endif
+    memcpy(dest, src, n);
+    return XXH3_64bits(dest, n);
+}
+
+static PyObject *
+copy_digest(PyObject *self, PyObject *args)
+{
+    Py_buffer dest, src;
+    if (!PyArg_ParseTuple(args, "w*y*:copy_digest", &dest, &src))
+        return NULL;
+    if (dest.len != src.len) {
+        PyErr_Format(PyExc_ValueError, "copy of %zd bytes into a buffer of %zd", src.len,
+                     dest.len);
+        PyBuffer_Release(&dest);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    xxh_u64 digest;
+    size_t n = (size_t)src.len;
+    if (n >= GIL_MIN_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        digest = copy_digest_raw((uint8_t *)dest.buf, (const uint8_t *)src.buf, n);
+        Py_END_ALLOW_THREADS
+    } else {
+        digest = copy_digest_raw((uint8_t *)dest.buf, (const uint8_t *)src.buf, n);
+    }
+    PyBuffer_Release(&dest);
+    PyBuffer_Release(&src);
+    return PyLong_FromUnsignedLongLong((unsigned long long)digest);
+}
+
+static PyObject *
+kernel(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(kernel_name);
+}
+
+/* Select a kernel by name; the machine's best at import.  Not thread-safe: for tests. */
+static PyObject *
+use_kernel(PyObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+#ifdef MC_X86
+    __builtin_cpu_init();
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
+        stripes = stripes_avx2, nt_align = 32, fused = 1;
+        kernel_name = "avx2";
+        Py_RETURN_NONE;
+    }
+    if (strcmp(name, "sse2") == 0) {
+        stripes = stripes_sse2, nt_align = 16, fused = 1;
+        kernel_name = "sse2";
+        Py_RETURN_NONE;
+    }
+    if (strcmp(name, "portable") == 0) {
+        fused = 0;
+        kernel_name = "portable";
+        Py_RETURN_NONE;
+    }
+#else
+    if (strcmp(name, "portable") == 0)
+        Py_RETURN_NONE;
+#endif
+    PyErr_Format(PyExc_ValueError, "kernel %R is not available on this machine", arg);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"copy_digest", copy_digest, METH_VARARGS,
+     "copy_digest(dest, src) -> int: copy src into dest (same length) and return xxh3_64 "
+     "(seed 0) of the bytes written."},
+    {"kernel", kernel, METH_NOARGS, "kernel() -> str: 'avx2', 'sse2' or 'portable'."},
+    {"use_kernel", use_kernel, METH_O,
+     "use_kernel(name): run 'avx2', 'sse2' or 'portable' from now on (ValueError: not here)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_copyhash",
+    "Copy a buffer and hash the bytes written in one pass (mooncake_store/native/copyhash.c).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__copyhash(void)
+{
+#ifdef MC_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+        stripes = stripes_avx2, nt_align = 32;
+        kernel_name = "avx2";
+    } else {
+        kernel_name = "sse2";
+    }
+#endif
+    return PyModule_Create(&module);
+}
