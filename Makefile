@@ -61,4 +61,5 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .peers-venv mooncake-data .pytest_cache clients/node/node_modules
+	rm -rf $(VENV) .peers-venv mooncake-data .pytest_cache clients/node/node_modules build \
+		mooncake_store/_copyhash*.so

@@ -6,7 +6,7 @@ the `memcpy-cold` of bench_compare.py) and, except memcpy, returns the store's c
 copy (client/steps.py `copy_checksum`, common/copyhash.py):
   memcpy         numpy's copy, no checksum: the limit the README's goals compare against
   native         the C kernel (mooncake_store/native), one thread
-  native-split   the C kernel, the back half on the process's copy helper from 4 MiB
+  native-split   the C kernel, the back half on the process's copy helper from 8 MiB
   numpy          numpy's copy then xxh3 of each 1 MiB chunk, one thread
   numpy-split    the same with the copy helper
 Rounds are interleaved (every case once per round) and each cell is the median over rounds.
@@ -98,7 +98,8 @@ def main() -> None:
             print(f"{label:>5} {name:<13} {us:8.0f} {size / us / 1e3:6.2f}  {base / us:.2f}x")
             records.append({"size_bytes": size, "case": name, "us": us,
                             "gbps": size / us / 1e3, "vs_memcpy": base / us,
-                            "rounds_us": runs[(size, name)], "kernel": copyhash.KERNEL})  # fmt: skip
+                            "rounds_us": runs[(size, name)],
+                            "kernel": copyhash.KERNEL})  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
         print(f"wrote {args.json}")

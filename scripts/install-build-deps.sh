@@ -11,10 +11,16 @@ has_headers() {
   inc=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null) \
     && [ -e "$inc/Python.h" ]
 }
-has_cc() { command -v cc >/dev/null || command -v gcc >/dev/null; }
+has_cc() {  # the compiler setuptools will call: sysconfig's CC (Debian: x86_64-linux-gnu-gcc)
+  local cc
+  cc=$("$PYTHON" -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])' \
+       2>/dev/null) || cc=cc
+  command -v "$cc" >/dev/null
+}
 has_cc && has_headers && exit 0
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "installing Debian's gcc and python3-dev for the C copy kernel"
+  export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq gcc python3-dev >/dev/null 2>&1 \
     || { apt-get update -qq && apt-get install -y -qq gcc python3-dev >/dev/null; }
 fi

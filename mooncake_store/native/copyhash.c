@@ -18,6 +18,7 @@
  * file, BSD 2-Clause), written again here only to add the stores; the tests check every digest
  * against the xxhash package.  x86-64 runs AVX2 where the CPU has it, else SSE2; other
  * machines copy with memcpy and hash with XXH3_64bits.  The GIL is released while it runs.
+ * Overlapping buffers are moved as memmove moves them (as numpy does), then hashed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,9 +33,18 @@
 #define NT_MIN_BYTES (128 * 1024)
 #define GIL_MIN_BYTES (32 * 1024)
 
-static const char *kernel_name = "portable";
+/* The kernel in use: one pointer to a constant, read once per call (use_kernel may switch it
+ * while another thread copies without the GIL). */
+struct kern {
+    const char *name;
+    void *stripes;     /* stripes_fn on x86-64 */
+    size_t nt_align;
+    int fused;
+};
+static const struct kern kern_portable = {"portable", NULL, 0, 0};
+static const struct kern *active = &kern_portable;
 
-#if defined(__x86_64__) || defined(_M_X64)
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define MC_X86 1
 
@@ -91,14 +101,15 @@ stripes_avx2(xxh_u64 *acc, const uint8_t *in, uint8_t *out, const uint8_t *secre
     }
 }
 
-static stripes_fn stripes = stripes_sse2;
-static size_t nt_align = 16;
-static int fused = 1; /* 0: the portable way (tests compare the kernels) */
+static const struct kern kern_sse2 = {"sse2", (void *)stripes_sse2, 16, 1};
+static const struct kern kern_avx2 = {"avx2", (void *)stripes_avx2, 32, 1};
 
 /* XXH3_hashLong_64b over src, storing every stripe it reads into dest (n > 240). */
 static xxh_u64
-copy_xxh3_long(uint8_t *dest, const uint8_t *src, size_t n)
+copy_xxh3_long(const struct kern *k, uint8_t *dest, const uint8_t *src, size_t n)
 {
+    const stripes_fn stripes = (stripes_fn)k->stripes;
+    const size_t nt_align = k->nt_align;
     XXH_ALIGN(64) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
     const uint8_t *secret = XXH3_kSecret;
     const size_t secret_size = sizeof(XXH3_kSecret);
@@ -128,11 +139,16 @@ copy_xxh3_long(uint8_t *dest, const uint8_t *src, size_t n)
 static xxh_u64
 copy_digest_raw(uint8_t *dest, const uint8_t *src, size_t n)
 {
+    const struct kern *k = __atomic_load_n(&active, __ATOMIC_ACQUIRE);
+    int overlap = dest != src && dest < src + n && src < dest + n;
 #ifdef MC_X86
-    if (fused && n >= LONG_MIN_BYTES)
-        return copy_xxh3_long(dest, src, n);
+    if (k->fused && !overlap && n >= LONG_MIN_BYTES)
+        return copy_xxh3_long(k, dest, src, n);
 #endif
-    memcpy(dest, src, n);
+    if (overlap)
+        memmove(dest, src, n); /* what the numpy fallback does */
+    else
+        memcpy(dest, src, n);
     return XXH3_64bits(dest, n);
 }
 
@@ -166,10 +182,11 @@ copy_digest(PyObject *self, PyObject *args)
 static PyObject *
 kernel(PyObject *self, PyObject *unused)
 {
-    return PyUnicode_FromString(kernel_name);
+    return PyUnicode_FromString(__atomic_load_n(&active, __ATOMIC_ACQUIRE)->name);
 }
 
-/* Select a kernel by name; the machine's best at import.  Not thread-safe: for tests. */
+/* Select a kernel by name; the machine's best at import.  For tests; a copy running meanwhile
+ * finishes with the kernel it started with. */
 static PyObject *
 use_kernel(PyObject *self, PyObject *arg)
 {
@@ -179,18 +196,15 @@ use_kernel(PyObject *self, PyObject *arg)
 #ifdef MC_X86
     __builtin_cpu_init();
     if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
-        stripes = stripes_avx2, nt_align = 32, fused = 1;
-        kernel_name = "avx2";
+        __atomic_store_n(&active, &kern_avx2, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
     if (strcmp(name, "sse2") == 0) {
-        stripes = stripes_sse2, nt_align = 16, fused = 1;
-        kernel_name = "sse2";
+        __atomic_store_n(&active, &kern_sse2, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
     if (strcmp(name, "portable") == 0) {
-        fused = 0;
-        kernel_name = "portable";
+        __atomic_store_n(&active, &kern_portable, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
 #else
@@ -222,12 +236,7 @@ PyInit__copyhash(void)
 {
 #ifdef MC_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) {
-        stripes = stripes_avx2, nt_align = 32;
-        kernel_name = "avx2";
-    } else {
-        kernel_name = "sse2";
-    }
+    active = __builtin_cpu_supports("avx2") ? &kern_avx2 : &kern_sse2;
 #endif
     return PyModule_Create(&module);
 }

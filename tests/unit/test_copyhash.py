@@ -25,6 +25,8 @@ try:
     from mooncake_store import _copyhash  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: only the numpy fallback runs
     _copyhash = None
+# The module's own kernel at import (copyhash.KERNEL is "numpy" under MOONCAKE_NATIVE_COPY=0)
+_DEFAULT = _copyhash.kernel() if _copyhash is not None else None
 
 SIZES = [0, 1, 63, 64, 65, 240, 241, 256, 1023, 1024, 1025, 1088, 4096 + 17, 65536,
          128 * 1024 - 1, 128 * 1024, 128 * 1024 + 1, 300_001,
@@ -42,7 +44,7 @@ def _kernels() -> list[str]:
         except ValueError:  # not this machine's
             continue
         out.append(name)
-    _copyhash.use_kernel(copyhash.KERNEL)
+    _copyhash.use_kernel(_DEFAULT)
     return out
 
 
@@ -58,7 +60,7 @@ def copy_digest(request):
     try:
         yield _copyhash.copy_digest
     finally:
-        _copyhash.use_kernel(copyhash.KERNEL)
+        _copyhash.use_kernel(_DEFAULT)
 
 
 def test_every_size_and_alignment_copies_exactly_and_hashes_what_it_wrote(copy_digest):
@@ -80,6 +82,17 @@ def test_digests_match_the_store_checksum_of_a_chunk(copy_digest):
     data = np.random.default_rng(3).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
     dest = bytearray(CHUNK_BYTES)
     assert copy_digest(dest, data) == checksum(data) == checksum(dest)
+
+
+def test_overlapping_buffers_move_as_memmove_does(copy_digest):
+    for shift in (-4096, -1, 1, 64, 4096):
+        space = np.random.default_rng(9).integers(0, 256, 600_000, dtype=np.uint8)
+        size, at = 500_000, 50_000
+        want = space[at : at + size].copy()
+        dest = space[at + shift : at + shift + size]
+        digest = copy_digest(memoryview(dest), memoryview(space[at : at + size]))
+        assert np.array_equal(dest, want), shift
+        assert digest == xxhash.xxh3_64_intdigest(want.tobytes())
 
 
 def test_any_buffer_types_and_bad_arguments(copy_digest):
