@@ -43,8 +43,7 @@ from mooncake_store.client.steps import (
     Transfers,
     as_writable,
     checksum,
-    copy_parts_checksum,
-    split_like,
+    copy_out_checksum,
     trim_parts,
 )
 from mooncake_store.client.transport import Hasher
@@ -411,7 +410,7 @@ class ReadFlows(SpeculativeReads):
                         break
                     self.counters["shm_reads"] += 1
                     src = pool[loc.offset : loc.offset + info.size_bytes]
-                    digest = copy_parts_checksum(dest, split_like(src, dest))
+                    digest = copy_out_checksum(src, dest)
                     last[n] = self._verified(key, loc, info, digest)
                     if last[n] is None:
                         self._remember(key, loc, info.size_bytes, info.checksum)
@@ -462,7 +461,7 @@ class ReadFlows(SpeculativeReads):
             pool = self._mapped(loc)
             if pool is not None:
                 src = pool[loc.offset : loc.offset + info.size_bytes]
-                if copy_parts_checksum(dest, split_like(src, dest)) == info.checksum:
+                if copy_out_checksum(src, dest) == info.checksum:
                     self.counters["shm_reads"] += 1
                     self.counters["dram_reads"] += 1
                     self._remember(key, loc, info.size_bytes, info.checksum)

@@ -41,8 +41,7 @@ from mooncake_store.client.steps import (
     Flow,
     LocalPools,
     Overlapped,
-    copy_parts_checksum,
-    split_like,
+    copy_out_checksum,
     trim_parts,
 )
 from mooncake_store.client.types import ReplicaList, ReplicaLocation
@@ -191,7 +190,7 @@ class SpeculativeReads(LocationMemory):
         digests: list[int | None] = []
         for _, src, dest in plan:
             try:
-                digests.append(copy_parts_checksum(dest, split_like(src, dest)))
+                digests.append(copy_out_checksum(src, dest))
             except Exception:
                 digests.append(None)
         return digests

@@ -24,7 +24,7 @@ from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
 from mooncake_store.common.checksum import checksum as checksum
-from mooncake_store.common.copyhash import copy_digest
+from mooncake_store.common.copyhash import copy_digest, copy_digest_parts
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
 
@@ -120,23 +120,82 @@ def copy_parts_into(
     region: memoryview, parts: Sequence[memoryview], guard: Guard | None = None
 ) -> int:
     """Copy `parts` one after the other into `region` (their total length) and return the
-    checksum of `region`: a scatter-gather write into the pool.  Up to one checksum chunk the
-    region is hashed in one call after the copies (it is in cache), which costs what one
-    contiguous copy_checksum does; bigger objects are copied and hashed chunk by chunk.
-    `guard` runs before the copy and before each 1 MiB of it."""
+    checksum of `region`: a scatter-gather write into the pool.  `guard` runs before the copy
+    and before each 1 MiB of it."""
+    return _region_and_parts(region, parts, False, guard)
+
+
+def copy_out_checksum(
+    region: memoryview, parts: Sequence[memoryview], guard: Guard | None = None
+) -> int:
+    """Copy `region` into `parts` (their total length, one after the other) and return the
+    checksum of the bytes copied: a read out of the pool into the caller's buffers."""
+    return _region_and_parts(region, parts, True, guard)
+
+
+def _region_and_parts(
+    region: memoryview, parts: Sequence[memoryview], into_parts: bool, guard: Guard | None
+) -> int:
+    """Copy between one region and a value's parts, chunk by chunk of the checksum: each
+    chunk is one pass of the C kernel over all the parts it spans (common/copyhash.py); one
+    part is a contiguous copy; without the kernel, numpy copies and xxh3 hashes."""
     if len(parts) == 1:
+        if into_parts:
+            return copy_checksum(parts[0], region, guard)
         return copy_checksum(region, parts[0], guard)
-    if len(region) > _FUSE_CHUNK:
-        return copy_parts_checksum(split_like(region, parts), parts, guard)
-    if guard is not None:
-        guard()
+    n = sum(len(p) for p in parts)
+    if n != len(region):
+        raise ValueError(f"parts of {n} bytes for a region of {len(region)}")
+    if copy_digest_parts is None:
+        if into_parts:
+            return copy_parts_checksum(parts, split_like(region, parts), guard)
+        if n > _FUSE_CHUNK:
+            return copy_parts_checksum(split_like(region, parts), parts, guard)
+        if guard is not None:
+            guard()
+        for at, part in zip(_starts(parts), parts, strict=True):
+            region[at : at + len(part)] = part
+        return chunk_digest(region)
+    digests = []
+    for start, chunk in _chunks(parts):
+        if guard is not None:
+            guard()
+        stop = start + sum(len(p) for p in chunk)
+        digests.append(copy_digest_parts(region[start:stop], chunk, into_parts))
+    return combine(digests, n)
+
+
+def _starts(parts: Sequence[memoryview]) -> list[int]:
+    """Where each part begins in the value."""
+    out, at = [], 0
+    for part in parts:
+        out.append(at)
+        at += len(part)
+    return out
+
+
+def _chunks(parts: Sequence[memoryview]) -> list[tuple[int, list[memoryview]]]:
+    """A value's parts cut at the checksum's chunk boundaries: (offset, the slices of the
+    parts that make up that chunk) for each chunk."""
+    out: list[tuple[int, list[memoryview]]] = []
+    current: list[memoryview] = []
+    start = room = 0
     at = 0
     for part in parts:
-        region[at : at + len(part)] = part
-        at += len(part)
-    if at != len(region):
-        raise ValueError(f"parts of {at} bytes copied into a region of {len(region)}")
-    return chunk_digest(region)
+        used = 0
+        while used < len(part):
+            if room == 0:
+                if current:
+                    out.append((start, current))
+                current, start, room = [], at, _FUSE_CHUNK
+            take = min(room, len(part) - used)
+            current.append(part[used : used + take])
+            used += take
+            at += take
+            room -= take
+    if current:
+        out.append((start, current))
+    return out
 
 
 def split_like(view: memoryview, parts: Sequence[memoryview]) -> list[memoryview]:

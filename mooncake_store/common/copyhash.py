@@ -54,3 +54,8 @@ KERNEL: str = _native.kernel() if _native is not None else "numpy"
 copy_digest: Callable[[Any, Any], int] = (
     _native.copy_digest if _native is not None else numpy_copy_digest
 )
+#: copy_digest_parts(region, parts, into_parts): region -> parts (into_parts) or parts ->
+#: region, one pass over all the parts; None without the kernel (client/steps.py falls back).
+copy_digest_parts: Callable[[Any, Any, bool], int] | None = (
+    _native.copy_digest_parts if _native is not None else None
+)

@@ -104,9 +104,43 @@ stripes_avx2(xxh_u64 *acc, const uint8_t *in, uint8_t *out, const uint8_t *secre
 static const struct kern kern_sse2 = {"sse2", (void *)stripes_sse2, 16, 1};
 static const struct kern kern_avx2 = {"avx2", (void *)stripes_avx2, 32, 1};
 
-/* XXH3_hashLong_64b over src, storing every stripe it reads into dest (n > 240). */
+/* One side of a copy cut into pieces (a value's parts); the other side is one region. */
+struct piece {
+    uint8_t *buf;
+    size_t len;
+};
+
+/* Copy `len` bytes between the pieces' bytes [at, at + len) and `buf`: out of the pieces
+ * (to_pieces 0) or into them (1).  `*pi`, `*pstart`: a piece index and its first byte's offset
+ * at or before `at`, moved forward as it goes. */
+static void
+span_copy(struct piece *pieces, size_t *pi, size_t *pstart, size_t at, uint8_t *buf, size_t len,
+          int to_pieces)
+{
+    while (len > 0) {
+        while (at >= *pstart + pieces[*pi].len) {
+            *pstart += pieces[*pi].len;
+            (*pi)++;
+        }
+        size_t off = at - *pstart;
+        size_t take = pieces[*pi].len - off;
+        if (take > len)
+            take = len;
+        if (to_pieces)
+            memcpy(pieces[*pi].buf + off, buf, take);
+        else
+            memcpy(buf, pieces[*pi].buf + off, take);
+        buf += take, at += take, len -= take;
+    }
+}
+
+/* XXH3_hashLong_64b of n bytes (n > 240) copied between `region` and `pieces` (their lengths
+ * add up to n): region -> pieces when `into_pieces`, else pieces -> region.  Every stripe is
+ * hashed from the registers it is stored from; a stripe that straddles two pieces goes
+ * through a 64-byte bounce buffer, and the last stripe is read back from what was written. */
 static xxh_u64
-copy_xxh3_long(const struct kern *k, uint8_t *dest, const uint8_t *src, size_t n)
+copy_xxh3_long(const struct kern *k, uint8_t *region, struct piece *pieces, size_t n,
+               int into_pieces)
 {
     const stripes_fn stripes = (stripes_fn)k->stripes;
     const size_t nt_align = k->nt_align;
@@ -114,42 +148,111 @@ copy_xxh3_long(const struct kern *k, uint8_t *dest, const uint8_t *src, size_t n
     const uint8_t *secret = XXH3_kSecret;
     const size_t secret_size = sizeof(XXH3_kSecret);
     const size_t per_block = (secret_size - STRIPE) / XXH_SECRET_CONSUME_RATE;
-    const size_t block_len = STRIPE * per_block;
-    const size_t blocks = (n - 1) / block_len;
-    const int nt = n >= NT_MIN_BYTES && ((uintptr_t)dest % nt_align) == 0;
+    const size_t full_blocks = (n - 1) / (STRIPE * per_block);
+    const size_t total = (n - 1) / STRIPE; /* stripes before the last (overlapping) one */
+    const int big = n >= NT_MIN_BYTES;
+    int streamed = 0;
+    size_t pi = 0, pstart = 0, s = 0;
+    XXH_ALIGN(64) uint8_t bounce[STRIPE];
 
-    for (size_t b = 0; b < blocks; b++) {
-        stripes(acc, src + b * block_len, dest + b * block_len, secret, per_block, nt);
-        XXH3_scrambleAcc_scalar(acc, secret + secret_size - STRIPE);
+    while (s < total) {
+        size_t in_block = s % per_block;
+        size_t run = per_block - in_block;
+        if (run > total - s)
+            run = total - s;
+        size_t at = s * STRIPE;
+        while (at >= pstart + pieces[pi].len) {
+            pstart += pieces[pi].len;
+            pi++;
+        }
+        size_t fit = (pstart + pieces[pi].len - at) / STRIPE;
+        if (fit > 0) {
+            if (run > fit)
+                run = fit;
+            uint8_t *part = pieces[pi].buf + (at - pstart);
+            const uint8_t *in = into_pieces ? region + at : part;
+            uint8_t *out = into_pieces ? part : region + at;
+            int nt = big && ((uintptr_t)out % nt_align) == 0;
+            streamed |= nt;
+            stripes(acc, in, out, secret + in_block * XXH_SECRET_CONSUME_RATE, run, nt);
+        } else { /* the stripe straddles two pieces */
+            run = 1;
+            if (into_pieces) {
+                memcpy(bounce, region + at, STRIPE);
+                span_copy(pieces, &pi, &pstart, at, bounce, STRIPE, 1);
+            } else {
+                span_copy(pieces, &pi, &pstart, at, bounce, STRIPE, 0);
+                memcpy(region + at, bounce, STRIPE);
+            }
+            XXH3_accumulate_512_scalar(acc, bounce, secret + in_block * XXH_SECRET_CONSUME_RATE);
+        }
+        s += run;
+        if (s % per_block == 0 && s / per_block <= full_blocks)
+            XXH3_scrambleAcc_scalar(acc, secret + secret_size - STRIPE);
     }
-    size_t done = blocks * block_len;
-    size_t tail_stripes = ((n - 1) - done) / STRIPE;
-    stripes(acc, src + done, dest + done, secret, tail_stripes, nt);
-    done += tail_stripes * STRIPE;
-    if (nt)
+    if (streamed)
         _mm_sfence(); /* the streamed stores are visible before anything that follows */
-    memcpy(dest + done, src + done, n - done); /* 1 to 64 bytes */
+    size_t done = total * STRIPE; /* then 1 to 64 bytes */
+    if (into_pieces)
+        span_copy(pieces, &pi, &pstart, done, region + done, n - done, 1);
+    else
+        span_copy(pieces, &pi, &pstart, done, region + done, n - done, 0);
     /* The last stripe (it overlaps the one before), read back from what was written. */
-    XXH3_accumulate_512_scalar(acc, dest + n - STRIPE,
+    if (into_pieces) {
+        pi = 0, pstart = 0;
+        span_copy(pieces, &pi, &pstart, n - STRIPE, bounce, STRIPE, 0);
+    } else {
+        memcpy(bounce, region + n - STRIPE, STRIPE);
+    }
+    XXH3_accumulate_512_scalar(acc, bounce,
                                secret + secret_size - STRIPE - XXH_SECRET_LASTACC_START);
     return XXH3_finalizeLong_64b(acc, secret, (xxh_u64)n);
 }
 #endif /* x86-64 */
 
+#ifndef MC_X86
+struct piece {
+    uint8_t *buf;
+    size_t len;
+};
+#endif
+
+static int
+overlaps(const uint8_t *a, size_t a_len, const uint8_t *b, size_t b_len)
+{
+    return a_len && b_len && a < b + b_len && b < a + a_len;
+}
+
+/* Copy n bytes between `region` and `pieces` (see copy_xxh3_long) and return xxh3_64 of the
+ * bytes written.  A piece that overlaps the region is moved as memmove moves it (as the numpy
+ * fallback does), then the bytes written are hashed. */
 static xxh_u64
-copy_digest_raw(uint8_t *dest, const uint8_t *src, size_t n)
+copy_pieces_raw(uint8_t *region, struct piece *pieces, size_t count, size_t n, int into_pieces)
 {
     const struct kern *k = __atomic_load_n(&active, __ATOMIC_ACQUIRE);
-    int overlap = dest != src && dest < src + n && src < dest + n;
+    int overlap = 0;
+    for (size_t i = 0; i < count && !overlap; i++)
+        overlap = overlaps(region, n, pieces[i].buf, pieces[i].len);
 #ifdef MC_X86
     if (k->fused && !overlap && n >= LONG_MIN_BYTES)
-        return copy_xxh3_long(k, dest, src, n);
+        return copy_xxh3_long(k, region, pieces, n, into_pieces);
 #endif
-    if (overlap)
-        memmove(dest, src, n); /* what the numpy fallback does */
-    else
-        memcpy(dest, src, n);
-    return XXH3_64bits(dest, n);
+    size_t at = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (into_pieces)
+            memmove(pieces[i].buf, region + at, pieces[i].len);
+        else
+            memmove(region + at, pieces[i].buf, pieces[i].len);
+        at += pieces[i].len;
+    }
+    if (!into_pieces || count == 1)
+        return XXH3_64bits(into_pieces ? pieces[0].buf : region, n);
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    for (size_t i = 0; i < count; i++)
+        XXH3_64bits_update(&state, pieces[i].buf, pieces[i].len);
+    return XXH3_64bits_digest(&state);
 }
 
 static PyObject *
@@ -167,16 +270,85 @@ copy_digest(PyObject *self, PyObject *args)
     }
     xxh_u64 digest;
     size_t n = (size_t)src.len;
+    struct piece piece = {(uint8_t *)dest.buf, n};
     if (n >= GIL_MIN_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        digest = copy_digest_raw((uint8_t *)dest.buf, (const uint8_t *)src.buf, n);
+        digest = copy_pieces_raw((uint8_t *)src.buf, &piece, 1, n, 1);
         Py_END_ALLOW_THREADS
     } else {
-        digest = copy_digest_raw((uint8_t *)dest.buf, (const uint8_t *)src.buf, n);
+        digest = copy_pieces_raw((uint8_t *)src.buf, &piece, 1, n, 1);
     }
     PyBuffer_Release(&dest);
     PyBuffer_Release(&src);
     return PyLong_FromUnsignedLongLong((unsigned long long)digest);
+}
+
+static int
+get_contiguous(PyObject *obj, Py_buffer *view, int writable)
+{
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return -1;
+    if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "buffers must be C-contiguous");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+copy_digest_parts(PyObject *self, PyObject *args)
+{
+    PyObject *region_obj, *parts_obj, *seq = NULL, *result = NULL;
+    int into_parts;
+    Py_buffer region, *views = NULL;
+    struct piece *pieces = NULL;
+    Py_ssize_t count = 0, held = 0;
+    if (!PyArg_ParseTuple(args, "OOp:copy_digest_parts", &region_obj, &parts_obj, &into_parts))
+        return NULL;
+    if (get_contiguous(region_obj, &region, !into_parts) < 0)
+        return NULL;
+    seq = PySequence_Fast(parts_obj, "parts must be a sequence of buffers");
+    if (seq == NULL)
+        goto done;
+    count = PySequence_Fast_GET_SIZE(seq);
+    views = PyMem_Calloc(count ? count : 1, sizeof(Py_buffer));
+    pieces = PyMem_Calloc(count ? count : 1, sizeof(struct piece));
+    if (views == NULL || pieces == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (; held < count; held++) {
+        if (get_contiguous(PySequence_Fast_GET_ITEM(seq, held), &views[held], into_parts) < 0)
+            goto done;
+        pieces[held].buf = (uint8_t *)views[held].buf;
+        pieces[held].len = (size_t)views[held].len;
+        total += pieces[held].len;
+    }
+    if (total != (size_t)region.len || count == 0) {
+        PyErr_Format(PyExc_ValueError, "parts of %zu bytes for a region of %zd", total,
+                     region.len);
+        goto done;
+    }
+    xxh_u64 digest;
+    size_t n = (size_t)region.len;
+    if (n >= GIL_MIN_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        digest = copy_pieces_raw((uint8_t *)region.buf, pieces, (size_t)count, n, into_parts);
+        Py_END_ALLOW_THREADS
+    } else {
+        digest = copy_pieces_raw((uint8_t *)region.buf, pieces, (size_t)count, n, into_parts);
+    }
+    result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(pieces);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&region);
+    return result;
 }
 
 static PyObject *
@@ -219,6 +391,10 @@ static PyMethodDef methods[] = {
     {"copy_digest", copy_digest, METH_VARARGS,
      "copy_digest(dest, src) -> int: copy src into dest (same length) and return xxh3_64 "
      "(seed 0) of the bytes written."},
+    {"copy_digest_parts", copy_digest_parts, METH_VARARGS,
+     "copy_digest_parts(region, parts, into_parts) -> int: copy region -> parts (into_parts) "
+     "or parts -> region (their lengths add up to the region's) and return xxh3_64 (seed 0) "
+     "of the bytes written, one after the other."},
     {"kernel", kernel, METH_NOARGS, "kernel() -> str: 'avx2', 'sse2' or 'portable'."},
     {"use_kernel", use_kernel, METH_O,
      "use_kernel(name): run 'avx2', 'sse2' or 'portable' from now on (ValueError: not here)."},

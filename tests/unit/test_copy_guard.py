@@ -41,15 +41,16 @@ def test_a_guarded_copy_stops_within_a_chunk_of_its_grant_ending(size):
     assert len(calls) >= size // CHUNK_BYTES  # checked before every chunk
 
 
-def test_a_scatter_copy_is_guarded_before_every_part_and_chunk():
-    parts = [memoryview(np.full(n, i, dtype=np.uint8)) for i, n in enumerate([10, 2 * MiB, 5])]
+def test_a_scatter_copy_is_guarded_before_every_chunk():
+    parts = [memoryview(np.full(n, i + 1, dtype=np.uint8)) for i, n in enumerate([10, 2 * MiB, 5])]
     region = memoryview(np.zeros(sum(len(p) for p in parts), dtype=np.uint8))
     guard, calls = _guard_ending_after(1)
     with pytest.raises(CopyStopped):
         copy_parts_into(region, parts, guard)
+    assert np.count_nonzero(np.frombuffer(region, dtype=np.uint8)) <= CHUNK_BYTES  # one chunk
     guard, calls = _guard_ending_after(100)
-    copy_parts_into(region, parts, guard)
-    assert len(calls) >= 4
+    assert copy_parts_into(region, parts, guard) == checksum(b"".join(bytes(p) for p in parts))
+    assert len(calls) >= 3  # 2 MiB + 15 bytes: three chunks, each checked before it is copied
 
 
 def _loc(expires_ms: int, generation: int = 5) -> ReplicaLocation:

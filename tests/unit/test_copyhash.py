@@ -145,3 +145,82 @@ def test_environment_switch_selects_the_numpy_fallback():
     assert out.stdout.strip() == "numpy"
     with pytest.raises(ValueError, match="not available"):
         _copyhash.use_kernel("neon")
+
+
+def _cut(rng: np.random.Generator, n: int, count: int) -> list[int]:
+    points = sorted(int(x) for x in rng.integers(0, n + 1, count - 1))
+    return [b - a for a, b in zip([0, *points], [*points, n], strict=True)]
+
+
+@pytest.mark.skipif(_copyhash is None, reason="built without the C kernel")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_parts_copies_both_ways_hash_the_bytes_written(kernel):
+    """copy_digest_parts between one region and parts cut anywhere (empty parts, parts of
+    a few bytes, stripes straddling two parts), out of the region (a read into the caller's
+    buffers) and into it (a scatter-gather put)."""
+    _copyhash.use_kernel(kernel)
+    try:
+        rng = np.random.default_rng(17)
+        source = rng.integers(0, 256, CHUNK_BYTES + 64, dtype=np.uint8)
+        for trial in range(300):
+            choices = [rng.integers(1, 300), rng.integers(241, 5000),
+                       rng.integers(1, CHUNK_BYTES), CHUNK_BYTES, 128 * 1024]  # fmt: skip
+            n = int(rng.choice(choices))
+            sizes = _cut(rng, n, int(rng.choice([2, 3, 5, 17, 64])))
+            data = source[trial % 64 : trial % 64 + n]
+            want = xxhash.xxh3_64_intdigest(data.tobytes())
+            arena = np.full(n + 64 * len(sizes) + 64, 0x5A, dtype=np.uint8)
+            parts, at = [], trial % 33
+            for size in sizes:
+                parts.append(arena[at : at + size])
+                at += size + int(rng.integers(0, 40))
+            assert _copyhash.copy_digest_parts(data, parts, True) == want, (n, sizes)
+            assert np.array_equal(np.concatenate(parts), data), (n, sizes)
+            space = np.full(n + 80, 0x33, dtype=np.uint8)
+            region = space[7 : 7 + n]
+            assert _copyhash.copy_digest_parts(region, parts, False) == want, (n, sizes)
+            assert np.array_equal(region, data) and (space[:7] == 0x33).all()
+            assert (space[7 + n :] == 0x33).all()
+    finally:
+        _copyhash.use_kernel(_DEFAULT)
+
+
+@pytest.mark.skipif(_copyhash is None, reason="built without the C kernel")
+def test_parts_copy_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="parts of 9 bytes for a region of 10"):
+        _copyhash.copy_digest_parts(bytearray(10), [bytearray(4), bytearray(5)], False)
+    with pytest.raises(ValueError, match="parts of 0 bytes"):
+        _copyhash.copy_digest_parts(bytearray(0), [], False)
+    with pytest.raises(BufferError):  # the region is written by a put: it must be writable
+        _copyhash.copy_digest_parts(bytes(10), [bytearray(10)], False)
+    with pytest.raises(BufferError):  # the parts are written by a read
+        _copyhash.copy_digest_parts(bytearray(10), [b"x" * 10], True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _copyhash.copy_digest_parts(np.zeros(20, np.uint8), [np.zeros(40, np.uint8)[::2]], True)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_scatter_gather_copies_match_the_store_checksum(native, monkeypatch):
+    """client/steps.py's scatter-gather copies, with the kernel and with the numpy fallback:
+    values of several chunks in parts of any size, both ways."""
+    from mooncake_store.client import steps
+
+    if not native:
+        monkeypatch.setattr(steps, "copy_digest_parts", None)
+    elif steps.copy_digest_parts is None:
+        pytest.skip("built without the C kernel")
+    rng = np.random.default_rng(23)
+    for n, count in [
+        (3 * CHUNK_BYTES + 5, 7),
+        (CHUNK_BYTES, 2),
+        (700_000, 4),
+        (2 * CHUNK_BYTES, 3),
+    ]:
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        parts = [np.empty(size, dtype=np.uint8) for size in _cut(rng, n, count)]
+        views = [memoryview(p) for p in parts]
+        assert steps.copy_out_checksum(memoryview(data), views) == checksum(data)
+        assert np.array_equal(np.concatenate(parts), data)
+        region = np.zeros(n, dtype=np.uint8)
+        assert steps.copy_parts_into(memoryview(region), views) == checksum(data)
+        assert np.array_equal(region, data)
