@@ -129,7 +129,8 @@ def copy_out_checksum(
     region: memoryview, parts: Sequence[memoryview], guard: Guard | None = None
 ) -> int:
     """Copy `region` into `parts` (their total length, one after the other) and return the
-    checksum of the bytes copied: a read out of the pool into the caller's buffers."""
+    checksum of the bytes copied: a read out of the pool into the caller's buffers, which must
+    not overlap one another (a later part would overwrite bytes already hashed)."""
     return _region_and_parts(region, parts, True, guard)
 
 
@@ -146,7 +147,7 @@ def _region_and_parts(
     n = sum(len(p) for p in parts)
     if n != len(region):
         raise ValueError(f"parts of {n} bytes for a region of {len(region)}")
-    if copy_digest_parts is None:
+    if copy_digest_parts is None or n == 0:  # the empty value: one (empty) chunk, as below
         if into_parts:
             return copy_parts_checksum(parts, split_like(region, parts), guard)
         if n > _FUSE_CHUNK:

@@ -311,6 +311,13 @@ copy_digest_parts(PyObject *self, PyObject *args)
     seq = PySequence_Fast(parts_obj, "parts must be a sequence of buffers");
     if (seq == NULL)
         goto done;
+    if (PyList_CheckExact(seq)) {
+        /* Own the items: the list itself could change while the buffers are taken (a
+         * __buffer__ method from Python 3.12 can run any code), its items borrowed. */
+        Py_SETREF(seq, PyList_AsTuple(seq));
+        if (seq == NULL)
+            goto done;
+    }
     count = PySequence_Fast_GET_SIZE(seq);
     views = PyMem_Calloc(count ? count : 1, sizeof(Py_buffer));
     pieces = PyMem_Calloc(count ? count : 1, sizeof(struct piece));
@@ -324,7 +331,8 @@ copy_digest_parts(PyObject *self, PyObject *args)
             goto done;
         pieces[held].buf = (uint8_t *)views[held].buf;
         pieces[held].len = (size_t)views[held].len;
-        total += pieces[held].len;
+        /* Saturate: lengths that wrap around size_t must not pass for the region's length. */
+        total = pieces[held].len > SIZE_MAX - total ? SIZE_MAX : total + pieces[held].len;
     }
     if (total != (size_t)region.len || count == 0) {
         PyErr_Format(PyExc_ValueError, "parts of %zu bytes for a region of %zd", total,

@@ -224,3 +224,6 @@ def test_scatter_gather_copies_match_the_store_checksum(native, monkeypatch):
         region = np.zeros(n, dtype=np.uint8)
         assert steps.copy_parts_into(memoryview(region), views) == checksum(data)
         assert np.array_equal(region, data)
+    empty = [memoryview(bytearray()), memoryview(bytearray())]  # the empty value: one chunk
+    assert steps.copy_out_checksum(memoryview(b""), empty) == checksum(b"")
+    assert steps.copy_parts_into(memoryview(bytearray()), empty) == checksum(b"")
