@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv proto bench bench-compare peers clean lint node-client chaos chaos-deps
 
-$(STAMP): pyproject.toml mooncake_store/native/copyhash.c
+$(STAMP): pyproject.toml setup.py mooncake_store/native/copyhash.c
 	PYTHON=$(PYTHON) bash scripts/install-build-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
