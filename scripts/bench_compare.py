@@ -57,6 +57,7 @@ import bench  # noqa: E402  (scripts/bench.py: limits and the single-thread stor
 
 from mooncake_store import Client  # noqa: E402
 from mooncake_store.cluster import LocalCluster  # noqa: E402
+from mooncake_store.common.copyhash import KERNEL  # noqa: E402
 from mooncake_store.common.units import parse_size  # noqa: E402
 
 ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy", "tcp",
@@ -78,8 +79,10 @@ def ours(
     one Mooncake client), each with its own buffers and keys; every phase starts together."""
     leases = not system.endswith("-2phase")  # "-lease" and plain: the default, leased
     if threads == 1:
-        return bench.bench_store(master, size, count, max_s, local_shm=shm, leases=leases,
-                                 system=system)  # fmt: skip
+        one = bench.bench_store(master, size, count, max_s, local_shm=shm, leases=leases,
+                                system=system)  # fmt: skip
+        one["copy_kernel"] = KERNEL  # same-host copies: the C kernel or numpy (common/copyhash)
+        return one
     per = max(1, count // threads)
     with Client(master, local_shm=shm, leases=leases) as store:
         keys = [[f"cmp/{system}/{size}/{threads}/{t}/{i}" for i in range(per)]
@@ -112,6 +115,7 @@ def ours(
     rec = bench.record(system, size, put_s, get_s, max(p[1] for p in puts),
                        max(g[1] for g in gets))  # fmt: skip
     rec["threads"] = threads
+    rec["copy_kernel"] = KERNEL
     return rec
 
 
@@ -253,6 +257,7 @@ def main() -> None:
     total = args.total_mib << 20
     records: list[dict] = []
     started = time.time()
+    print(f"same-host copy kernel: {KERNEL} (mooncake_store/native; numpy: not built or off)")
     with tempfile.TemporaryDirectory(prefix="mooncake-compare-") as tmp:
         dram = f"{max(2 * total + (64 << 20), max(sizes) * 16) >> 20}MiB"
         with contextlib.ExitStack() as stack:
