@@ -73,6 +73,13 @@ class MasterConfig(TlsSettings):
         "A client connection with nothing in flight and nothing received for this long is "
         "closed (framed endpoint and gRPC); 0: never.",
     )
+    busy_poll_s: float = duration_field(
+        0.0,
+        "After a framed request that came within this long of the one before, keep the event "
+        "loop polling instead of sleeping for this long, so the next one finds it awake "
+        "(e.g. 400us; common/loop_spin.py).  Takes a core while it spins: for a master with "
+        "cores of its own.  0: off.",
+    )
     max_connections: int = setting(
         4096,
         "Most client connections at once, on the framed endpoint and on gRPC each: one more "
@@ -175,6 +182,10 @@ class MasterConfig(TlsSettings):
             if getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise InvalidArgumentError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.busy_poll_s <= 0.01:
+            raise InvalidArgumentError(
+                f"--busy-poll must be between 0 (off) and 10ms, got {self.busy_poll_s}"
+            )
         if self.idle_timeout_s < 0:
             raise InvalidArgumentError(
                 f"--idle-timeout must be >= 0 (0: never), got {self.idle_timeout_s}"

@@ -49,6 +49,7 @@ from mooncake_store.common.framed import (
     split_frames,
 )
 from mooncake_store.common.grpc_options import port_in_use
+from mooncake_store.common.loop_spin import LoopSpinner
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
 from mooncake_store.master.access import TRUSTED, AccessControl, Caller, allowed
 
@@ -147,6 +148,8 @@ class _Connection(asyncio.Protocol):
         self.buffer += data
         self.active_s = time.monotonic()
         self.run_frames()
+        if self.server.spinner is not None:
+            self.server.spinner.activity()
 
     def run_frames(self) -> None:
         """Dispatch the whole frames buffered, until calls in flight reach the cap: then stop
@@ -298,8 +301,11 @@ class FramedServer:
         max_connections: int = 4096,
         access: AccessControl | None = None,
         auth_timeout_s: float = 10.0,
+        busy_poll_s: float = 0.0,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
+        # Keeps the loop awake between requests that come close together (--busy-poll).
+        self.spinner = LoopSpinner(busy_poll_s) if busy_poll_s > 0 else None
         self.auth_timeout_s = auth_timeout_s
         self.max_calls_per_connection = max_calls_per_connection
         self.idle_timeout_s = idle_timeout_s
@@ -397,6 +403,8 @@ class FramedServer:
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
+        if self.spinner is not None:
+            await self.spinner.stop()
         self._server.close()
         if self._unix is not None:
             self._unix.close()

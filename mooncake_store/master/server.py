@@ -184,6 +184,7 @@ class MasterServer:
                 idle_timeout_s=cfg.idle_timeout_s,
                 max_connections=cfg.max_connections,
                 access=self.access,
+                busy_poll_s=cfg.busy_poll_s,
             )
             self.framed_port = self._servicer.framed_port = await self._framed.start(
                 self.config.host, self.config.framed_port
