@@ -20,6 +20,8 @@ and, when asked for (not by default):
                  trips (PutStart, PutEnd)
   ours-shm-sync, ours-tcp-sync     ours against a second master run with --sync-commits (an
                  fsync per group commit; the default mode fsyncs in the background)
+  ours-shm-busypoll, ours-tcp-busypoll  ours against a master run with --busy-poll 400us (it
+                 keeps polling between requests that come close together; off by default)
 Ours are measured here (one Client per thread); the peers run through the peer harness in
 `scripts/peers/bench_peers.py` with the `.peers-venv` that `make peers` installs.  A peer
 that is not installed is skipped, and the script says so.  Prints a table with our/peer ratios,
@@ -65,7 +67,9 @@ ALL = ["ours-shm", "ours-tcp", "mooncake-shm", "mooncake-tcp", "redis", "memcpy"
 LEASE = ["ours-shm-lease", "ours-tcp-lease"]  # opt-in (leases are the default already)
 TWO_PHASE = ["ours-shm-2phase", "ours-tcp-2phase"]  # opt-in: Client(leases=False)
 SYNC = ["ours-shm-sync", "ours-tcp-sync"]  # opt-in
-KNOWN = ALL + LEASE + TWO_PHASE + SYNC
+BUSY = ["ours-shm-busypoll", "ours-tcp-busypoll"]  # opt-in: a master run with --busy-poll
+BUSY_POLL = "400us"
+KNOWN = ALL + LEASE + TWO_PHASE + SYNC + BUSY
 PEERS = {"mooncake-shm": ("mc_dummy", "buf"), "mooncake-tcp": ("mc_remote", "buf"),
          "redis": ("redis", None)}  # fmt: skip
 HARNESS = ROOT / "scripts" / "peers" / "bench_peers.py"  # see scripts/peers/README.md
@@ -181,7 +185,9 @@ def table(records: list[dict]) -> str:
              "memcpy": "ours-shm", "tcp": "ours-tcp", "memcpy-cold": "ours-shm"}  # fmt: skip
     peer_of = {"ours-shm-lease": "mooncake-shm", "ours-tcp-lease": "mooncake-tcp",
                "ours-shm-2phase": "mooncake-shm", "ours-tcp-2phase": "mooncake-tcp",
-               "ours-shm-sync": "mooncake-shm", "ours-tcp-sync": "mooncake-tcp"}  # fmt: skip
+               "ours-shm-sync": "mooncake-shm", "ours-tcp-sync": "mooncake-tcp",
+               "ours-shm-busypoll": "mooncake-shm",
+               "ours-tcp-busypoll": "mooncake-tcp"}  # fmt: skip
     for r in sorted(
         records, key=lambda r: (r["size_bytes"], r["threads"], KNOWN.index(r["system"]))
     ):
@@ -272,6 +278,12 @@ def main() -> None:
                                  master_args=["--lease-ttl", "1s", "--sync-commits"])
                 )  # fmt: skip
                 ours_systems += [(s, s == "ours-shm-sync", synced) for s in SYNC]
+            if any(s in systems for s in BUSY):
+                polling = stack.enter_context(
+                    LocalCluster(f"{tmp}/polling", nodes=1, dram=dram,
+                                 master_args=["--lease-ttl", "1s", "--busy-poll", BUSY_POLL])
+                )  # fmt: skip
+                ours_systems += [(s, s == "ours-shm-busypoll", polling) for s in BUSY]
             for run in range(args.runs):
                 for size in sizes:
                     count = max(1, min(args.max_ops, total // size))
