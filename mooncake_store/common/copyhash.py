@@ -9,7 +9,7 @@ stripe is loaded once, stored, and hashed from the same registers, with streamin
 aligned destinations from 128 KiB: a 4 MiB copy-and-hash between cold buffers costs less than a
 plain memcpy of it (README "Performance").  Without it (no compiler at install time, or
 MOONCAKE_NATIVE_COPY=0 in the environment) numpy copies and xxhash hashes the copy: the same
-bytes and the same digests, about 1.4x the time.  `KERNEL` says which runs: "avx2", "sse2",
+bytes and the same digests, about 1.3x the time.  `KERNEL` says which runs: "avx2", "sse2",
 "portable" (the C module's memcpy then hash) or "numpy".
 """
 
