@@ -24,7 +24,7 @@ from mooncake_store.client.transport import Buffer, Hasher
 from mooncake_store.client.types import ReplicaLocation
 from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_digest, combine
 from mooncake_store.common.checksum import checksum as checksum
-from mooncake_store.common.copyhash import copy_digest, copy_digest_parts
+from mooncake_store.common.copyhash import SMALL_COPY, copy_digest, copy_digest_parts
 from mooncake_store.common.errors import InvalidValueError
 from mooncake_store.common.wire import Op
 
@@ -32,7 +32,6 @@ T = TypeVar("T")
 
 
 _FUSE_CHUNK = CHUNK_BYTES  # a checksum chunk: in cache when hashed, big enough for memcpy
-_SMALL_COPY = 128 * 1024
 _SPLIT_COPY = 8 << 20  # from here a second thread copies chunks from the back (below, the
 # one-pass kernel alone keeps up with memory: a second thread at 4 MiB slowed same-host gets,
 # whose copy runs while the master answers, from ~350 to ~390-500 us on the 2-core VM)
@@ -101,7 +100,7 @@ def copy_parts_checksum(
             raise ValueError(f"copy of {n} bytes into a buffer of {len(dest)}")
         if guard is not None:
             guard()
-        if n <= _SMALL_COPY:
+        if n <= SMALL_COPY:
             dest[:] = src
             h.update(dest)
             continue
@@ -154,25 +153,16 @@ def _region_and_parts(
             return copy_parts_checksum(split_like(region, parts), parts, guard)
         if guard is not None:
             guard()
-        for at, part in zip(_starts(parts), parts, strict=True):
-            region[at : at + len(part)] = part
+        for dest, part in zip(split_like(region, parts), parts, strict=True):
+            dest[:] = part
         return chunk_digest(region)
     digests = []
     for start, chunk in _chunks(parts):
         if guard is not None:
             guard()
-        stop = start + sum(len(p) for p in chunk)
+        stop = min(start + _FUSE_CHUNK, n)
         digests.append(copy_digest_parts(region[start:stop], chunk, into_parts))
     return combine(digests, n)
-
-
-def _starts(parts: Sequence[memoryview]) -> list[int]:
-    """Where each part begins in the value."""
-    out, at = [], 0
-    for part in parts:
-        out.append(at)
-        at += len(part)
-    return out
 
 
 def _chunks(parts: Sequence[memoryview]) -> list[tuple[int, list[memoryview]]]:

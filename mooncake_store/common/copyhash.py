@@ -24,7 +24,7 @@ import numpy as np
 
 from mooncake_store.common.checksum import chunk_digest
 
-_SMALL_COPY = 128 * 1024  # below: a slice assignment (numpy's call overhead would double it)
+SMALL_COPY = 128 * 1024  # below: a slice assignment (numpy's call overhead would double it)
 
 
 def _load() -> ModuleType | None:
@@ -42,7 +42,7 @@ def numpy_copy_digest(dest: Any, src: Any) -> int:
     to, frm = memoryview(dest).cast("B"), memoryview(src).cast("B")
     if len(to) != len(frm):
         raise ValueError(f"copy of {len(frm)} bytes into a buffer of {len(to)}")
-    if len(frm) <= _SMALL_COPY:
+    if len(frm) <= SMALL_COPY:
         to[:] = frm
     else:
         np.copyto(np.frombuffer(to, dtype=np.uint8), np.frombuffer(frm, dtype=np.uint8))
