@@ -255,6 +255,19 @@ copy_pieces_raw(uint8_t *region, struct piece *pieces, size_t count, size_t n, i
     return XXH3_64bits_digest(&state);
 }
 
+/* copy_pieces_raw, without the GIL from GIL_MIN_BYTES on (the caller holds the buffers). */
+static xxh_u64
+copy_pieces(uint8_t *region, struct piece *pieces, size_t count, size_t n, int into_pieces)
+{
+    xxh_u64 digest;
+    if (n < GIL_MIN_BYTES)
+        return copy_pieces_raw(region, pieces, count, n, into_pieces);
+    Py_BEGIN_ALLOW_THREADS
+    digest = copy_pieces_raw(region, pieces, count, n, into_pieces);
+    Py_END_ALLOW_THREADS
+    return digest;
+}
+
 static PyObject *
 copy_digest(PyObject *self, PyObject *args)
 {
@@ -268,16 +281,9 @@ copy_digest(PyObject *self, PyObject *args)
         PyBuffer_Release(&src);
         return NULL;
     }
-    xxh_u64 digest;
     size_t n = (size_t)src.len;
     struct piece piece = {(uint8_t *)dest.buf, n};
-    if (n >= GIL_MIN_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        digest = copy_pieces_raw((uint8_t *)src.buf, &piece, 1, n, 1);
-        Py_END_ALLOW_THREADS
-    } else {
-        digest = copy_pieces_raw((uint8_t *)src.buf, &piece, 1, n, 1);
-    }
+    xxh_u64 digest = copy_pieces((uint8_t *)src.buf, &piece, 1, n, 1);
     PyBuffer_Release(&dest);
     PyBuffer_Release(&src);
     return PyLong_FromUnsignedLongLong((unsigned long long)digest);
@@ -339,15 +345,8 @@ copy_digest_parts(PyObject *self, PyObject *args)
                      region.len);
         goto done;
     }
-    xxh_u64 digest;
-    size_t n = (size_t)region.len;
-    if (n >= GIL_MIN_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        digest = copy_pieces_raw((uint8_t *)region.buf, pieces, (size_t)count, n, into_parts);
-        Py_END_ALLOW_THREADS
-    } else {
-        digest = copy_pieces_raw((uint8_t *)region.buf, pieces, (size_t)count, n, into_parts);
-    }
+    xxh_u64 digest =
+        copy_pieces((uint8_t *)region.buf, pieces, (size_t)count, (size_t)region.len, into_parts);
     result = PyLong_FromUnsignedLongLong((unsigned long long)digest);
 done:
     for (Py_ssize_t i = 0; i < held; i++)
