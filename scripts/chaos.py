@@ -30,7 +30,13 @@ The promise checked: an acknowledged block is never lost and a wrong byte is nev
 and an acknowledged remove holds: a block removed is never visible again (`removed_visible`;
 through node restarts, drops and returns with their NVMe index, and master restarts).
 Puts ask for two replicas and a fault is only injected once the cluster has repaired the
-previous one, so every acknowledged block keeps a surviving replica.  The node pools are sized
+previous one, so every acknowledged block keeps a surviving replica.  "Repaired" includes the
+puts that were in flight when a node's segments were dropped: such a put is acknowledged with
+the replicas it has left (one) and only then counts as under-replicated, so after a fault that
+drops segments the next one waits out `--put-timeout` (by then every put started before has
+been committed, or reclaimed) before it asks whether anything is under-replicated.  Each
+client records the replica count its acknowledgements reported (`acked_short`: fewer than
+asked; `lost_acked_short`: lost blocks among them).  The node pools are sized
 from the workload and the node count so that nothing needs evicting even with a node down;
 evictions (the master's counter, summed over its restarts) are reported apart from losses, and a
 run with evictions says that an unreadable block may have been evicted rather than lost (it is
@@ -68,18 +74,24 @@ sys.path.insert(0, str(ROOT))
 from mooncake_store import Client, Retry  # noqa: E402
 from mooncake_store.cluster import _MASTER_READY, DaemonProcess, LocalCluster  # noqa: E402
 from mooncake_store.common.credentials import TOKEN_DIR_ENV  # noqa: E402
+from mooncake_store.common.errors import MasterUnavailableError  # noqa: E402
 
 HEARTBEAT_TTL_S = 1.5
 SUSPECT_GRACE_S = 3.0
+PUT_TIMEOUT_S = 5.0
 MASTER_ARGS = [
     "--heartbeat-interval", "200ms", "--heartbeat-ttl", f"{HEARTBEAT_TTL_S}s",
-    "--suspect-grace", f"{SUSPECT_GRACE_S}s", "--put-timeout", "5s", "--hot-reads", "0",
+    "--suspect-grace", f"{SUSPECT_GRACE_S}s", "--put-timeout", f"{PUT_TIMEOUT_S:g}s",
+    "--hot-reads", "0",
     "--max-copies-per-tick", "512",
 ]  # fmt: skip
 KINDS = [
     "kill_node", "stop_node_in_grace", "stop_node_past_grace", "kill_master",
     "drop_connections", "master_stall", "clock_forward", "clock_backward", "duplicate_node_id",
 ]  # fmt: skip
+# Faults that drop a node's segments (a restart under a new incarnation, or a drop past the
+# grace window) with the replicas on them, those of puts still in flight included.
+DROPS_REPLICAS = {"kill_node", "stop_node_past_grace"}
 MIN_BLOCK, MAX_BLOCK = 4096, 4096 * 32
 MEAN_BLOCK = (MIN_BLOCK + MAX_BLOCK) / 2
 REPLICAS = 2
@@ -148,12 +160,12 @@ def client_main(
     retries: Counter[str] = Counter()  # outcomes of putting a key again after "may or may not"
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
+    short: dict[str, int] = {}  # key -> replicas of an acknowledgement that had fewer than asked
     started = time.time()
     pace = max_puts / max(deadline - started, 1.0)  # puts per second, spread over the run
     # Client 0 moves its bytes over TCP (a client on another host: grants are checked by the
     # nodes), the others through the nodes' shared memory.
-    with Client(master, replicas=REPLICAS, retry=patient, timeout_s=3,
-                local_shm=index != 0) as store:  # fmt: skip
+    with connect(master, deadline, retry=patient, local_shm=index != 0) as store:
         puts = 0
         while time.time() < deadline:
             due = puts < max_puts and puts < (time.time() - started) * pace + 1
@@ -162,7 +174,7 @@ def client_main(
                 puts += 1
                 try:
                     try:
-                        store.put(key, content(key, size_of(key)))
+                        result = store.put(key, content(key, size_of(key)))
                     except Exception as exc:
                         if type(exc).__name__ not in OUTCOME_UNKNOWN:
                             raise
@@ -170,11 +182,13 @@ def client_main(
                         # That retry must not find its own lost put busy (put_attempts.py).
                         errors[f"put:{type(exc).__name__}"] += 1
                         try:
-                            store.put(key, content(key, size_of(key)))
+                            result = store.put(key, content(key, size_of(key)))
                         except Exception as again:
                             retries[type(again).__name__] += 1
                             raise
                         retries["ok"] += 1
+                    if not result.deduplicated and result.replicas < REPLICAS:
+                        short[key] = result.replicas
                     acked.append(key)
                     acked_at.append(time.time())
                 except Exception as exc:  # counted by type; not acknowledged
@@ -213,8 +227,22 @@ def client_main(
     Path(out).write_text(json.dumps({"acked": acked, "acked_at": acked_at, "reads": reads,
                                      "wrong_bytes": wrong, "errors": dict(errors),
                                      "failed": failed, "why": why, "removed": removed,
-                                     "remove_unknown": remove_unknown,
+                                     "remove_unknown": remove_unknown, "short": short,
                                      "put_retries": dict(retries)}))  # fmt: skip
+
+
+def connect(master: str, deadline: float, **options: object) -> Client:
+    """A client connected as an engine connects at its start: a master that is restarting
+    (the first fault may come before every client is up) is waited for, until `deadline`."""
+    while True:
+        store = Client(master, replicas=REPLICAS, timeout_s=3, **options)  # type: ignore[arg-type]
+        try:
+            return store.connect()
+        except MasterUnavailableError:
+            store.close()
+            if time.time() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 # A put that failed with one of these may or may not have taken effect (the error says so);
@@ -389,6 +417,12 @@ class Chaos:
             kind = order.pop()
             getattr(self, kind)()
             self.faults[kind] += 1
+            if kind in DROPS_REPLICAS:
+                # A put in flight when the segments went is acknowledged with the replicas it
+                # has left, and only then counts as under-replicated: it must have ended (been
+                # committed, or reclaimed past --put-timeout) before `healthy` can say that
+                # every block has its replicas again.
+                self.stop.wait(PUT_TIMEOUT_S + 0.5)
 
     def _node(self) -> int:
         return self.rng.randrange(len(self.cluster.nodes))
@@ -578,6 +612,7 @@ def main() -> None:
                 node.signal(signal.SIGCONT)
             settled = chaos.wait_healthy(60)
             results = [json.loads(Path(o).read_text()) for o in outs if Path(o).exists()]
+            clients_failed = len(outs) - len(results)  # died: their blocks go unchecked
             acked = [k for r in results for k in r["acked"]]
             acked_at = {
                 k: t for r in results for k, t in zip(r["acked"], r["acked_at"], strict=True)
@@ -624,6 +659,9 @@ def main() -> None:
                 "reads": sum(r["reads"] for r in results) + len(acked),
                 "wrong_bytes": sum(r["wrong_bytes"] for r in results) + wrong,
                 "lost_acked_blocks": len(lost),
+                "clients_failed": clients_failed,
+                "acked_short": sum(len(r.get("short", {})) for r in results),
+                "lost_acked_short": sum(k in r.get("short", {}) for r in results for k in lost),
                 "lost_examples": lost[:10],
                 "lost_by_client": dict(Counter(k.partition("/")[0] for k in lost)),
                 "lost_windows": loss_windows([(k, acked_at[k]) for k in lost]),
@@ -663,7 +701,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     failed = (report["wrong_bytes"] or report["lost_acked_blocks"] or not report["settled"]
-              or report["misreported_puts"] or report["removed_visible"])  # fmt: skip
+              or report["misreported_puts"] or report["removed_visible"]
+              or report["clients_failed"])  # fmt: skip
     sys.exit(1 if failed or report["duplicate_node_ids_accepted"] else 0)
 
 

@@ -25,6 +25,7 @@ def test_short_chaos_run_loses_nothing(tmp_path):
     report = json.loads(out.read_text())
     assert report["acked_blocks"] > 0 and report["reads"] > report["acked_blocks"]
     assert report["lost_acked_blocks"] == 0, report["lost_examples"]
+    assert report["clients_failed"] == 0  # every client's blocks were checked
     assert report["wrong_bytes"] == 0
     assert report["settled"] is True
     assert report["evictions"] == 0  # the pools were sized so that loss is told from eviction
@@ -56,6 +57,7 @@ def test_short_chaos_run_with_nvme_tiers_keeps_removes_removed(tmp_path):
     report = json.loads(out.read_text())
     assert report["acked_blocks"] > 0 and report["removes_acked"] > 0
     assert report["lost_acked_blocks"] == 0, report["lost_examples"]
+    assert report["clients_failed"] == 0  # every client's blocks were checked
     assert report["wrong_bytes"] == 0
     assert report["removed_visible"] == 0, report["removed_visible_examples"]
     assert report["misreported_puts"] == 0, report["misreported_examples"]
