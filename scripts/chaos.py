@@ -32,9 +32,11 @@ through node restarts, drops and returns with their NVMe index, and master resta
 Puts ask for two replicas and a fault is only injected once the cluster has repaired the
 previous one, so every acknowledged block keeps a surviving replica.  "Repaired" includes the
 puts that were in flight when a node's segments were dropped: such a put is acknowledged with
-the replicas it has left (one) and only then counts as under-replicated, so after a fault that
-drops segments the next one waits out `--put-timeout` (by then every put started before has
-been committed, or reclaimed) before it asks whether anything is under-replicated.  Each
+the replicas it has left (one) and only then counts as under-replicated (so is one written
+while a node is stopped, or placed while nodes mount again after a master restart), so a fault
+that drops segments first waits out `--put-timeout` after the last fault that can shorten a put
+(by then every put started before has been committed, or reclaimed) before it asks whether
+anything is under-replicated.  Each
 client records the replica count its acknowledgements reported (`acked_short`: fewer than
 asked; `lost_acked_short`: lost blocks among them).  The node pools are sized
 from the workload and the node count so that nothing needs evicting even with a node down;
@@ -92,6 +94,9 @@ KINDS = [
 # Faults that drop a node's segments (a restart under a new incarnation, or a drop past the
 # grace window) with the replicas on them, those of puts still in flight included.
 DROPS_REPLICAS = {"kill_node", "stop_node_past_grace"}
+# Faults during which a put can be acknowledged with fewer replicas than it asked for (a
+# replica's node lost, unreachable or not writable yet): it is repaired from the one it has.
+SHORTENS_PUTS = DROPS_REPLICAS | {"stop_node_in_grace", "kill_master", "drop_connections"}
 MIN_BLOCK, MAX_BLOCK = 4096, 4096 * 32
 MEAN_BLOCK = (MIN_BLOCK + MAX_BLOCK) / 2
 REPLICAS = 2
@@ -408,21 +413,27 @@ class Chaos:
 
     def run(self) -> None:
         order: list[str] = []
+        shortened_at = -math.inf  # when the last fault that can shorten a put ended
         while self.kinds and not self.stop.wait(self.interval_s):
+            if not order:  # every kind once per round, in a random order
+                order = self.rng.sample(self.kinds, len(self.kinds))
+            kind = order[-1]
+            if kind in DROPS_REPLICAS:
+                # A put acknowledged short counts as under-replicated only once it is: every
+                # put under way during the last such fault must have ended (been committed,
+                # or reclaimed past --put-timeout) before `healthy` can say that each block
+                # has its replicas again, and a node may be lost.
+                settle = shortened_at + PUT_TIMEOUT_S + 0.5 - time.monotonic()
+                if settle > 0 and self.stop.wait(settle):
+                    break
             if not self.wait_healthy(30):
                 self.note("cluster not healthy yet; holding faults")
                 continue
-            if not order:  # every kind once per round, in a random order
-                order = self.rng.sample(self.kinds, len(self.kinds))
-            kind = order.pop()
+            order.pop()
             getattr(self, kind)()
             self.faults[kind] += 1
-            if kind in DROPS_REPLICAS:
-                # A put in flight when the segments went is acknowledged with the replicas it
-                # has left, and only then counts as under-replicated: it must have ended (been
-                # committed, or reclaimed past --put-timeout) before `healthy` can say that
-                # every block has its replicas again.
-                self.stop.wait(PUT_TIMEOUT_S + 0.5)
+            if kind in SHORTENS_PUTS:
+                shortened_at = time.monotonic()
 
     def _node(self) -> int:
         return self.rng.randrange(len(self.cluster.nodes))

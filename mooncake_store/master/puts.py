@@ -142,10 +142,13 @@ class PutLifecycle(EvictionVictims):
             # Restored after a master restart but none of its nodes is back: write it again
             # rather than report a put that nobody could read.
             self._delete(slot, 0.0)
-        fast = [
+        usable = [
             s for s in self._offered.values()
             if s.tier is Tier.DRAM and s.node_id not in self.draining
-            and s.writable_after <= now  # not a node mounted again a moment ago
+        ]  # fmt: skip
+        fast = [
+            s for s in usable
+            if s.writable_after <= now  # not a node mounted again a moment ago
             and s.segment_id not in self._awaiting  # membership.py
         ]  # fmt: skip
         if not fast:
@@ -179,7 +182,10 @@ class PutLifecycle(EvictionVictims):
         # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
         # may hold (and evict for) at most max_pending_share of a pool.
         if lease_room is not None:
-            return self._lease_start(key, size_bytes, wanted, fast, extent, lease_room, owner)
+            mounting = len(fast) < len(usable)  # some writable in a moment
+            return self._lease_start(
+                key, size_bytes, wanted, fast, extent, lease_room, owner, mounting
+            )
         chosen = choose_segments(fast, extent, wanted, preferred)
         if not chosen and not evict:
             raise NoSpaceError(f"no store node has {extent} free bytes for {key!r}")
@@ -233,13 +239,21 @@ class PutLifecycle(EvictionVictims):
         extent: int,
         lease_room: Callable[[Segment], bool],
         owner: int,
+        mounting: bool,
     ) -> PutStartOutcome:
         """put_start of an allocation lease: free room in segments `lease_room` accepts, on
-        as many nodes as a plain put would get (it takes free room first), or NoSpaceError."""
+        as many nodes as a plain put would get (it takes free room first), or NoSpaceError.
+        While nodes are `mounting` (mounted a moment ago, not writable yet), no lease on fewer
+        than `wanted` nodes: a lease outlives that moment, and every put into it would be
+        acknowledged short of replicas that nodes are about to have room for."""
         could = len(choose_segments(fast, extent, wanted))
         chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
         if not chosen or len(chosen) < could:
             raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
+        if mounting and len(chosen) < wanted:
+            raise NoSpaceError(
+                f"a lease would have {len(chosen)} of {wanted} replicas while nodes are mounting"
+            )
         outcome = self._allocate(key, size_bytes, chosen, extent, self._clock(), wanted, owner)
         self._lease_keys.add(key)
         for seg in chosen:

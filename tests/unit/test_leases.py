@@ -207,3 +207,38 @@ def test_a_node_mounted_again_gets_no_put_for_a_moment_where_the_mount_is_new(cl
     t.mount(other, [(SegmentInfo(other, 200, Tier.DRAM, 16 * MiB), None)])  # a first mount
     assert len(t.put_start("k2", MiB, 2).placements) == 2  # no hold
     t.validate()
+
+
+def test_no_lease_short_of_replicas_while_a_node_is_mounting(clock):
+    """A node mounted a moment ago takes no put until its first write fence is in: a plain put
+    goes on the nodes writable now (best effort), but a lease, which outlives that moment, is
+    not granted on fewer nodes than asked (each put into it would be acknowledged short, found
+    by the chaos harness: a block's one replica was on the node stopped next). Once the node
+    took its fence, the lease has every replica; with no node mounting, a cluster too small
+    for the count still gets leases on what it has."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
+    mount(t, "node-0", 100, 64 * MiB)
+    for seg, floor, open_ in t.take_fences():
+        t.fence_acked(seg, floor, open_)
+    assert len(grant_leases(t, MiB, 2, 1, owner=1)[0][1].placements) == 1  # one node in all
+    mount(t, "node-1", 200, 64 * MiB)  # its first fence not taken yet
+    assert grant_leases(t, MiB, 2, 1, owner=1) == []
+    assert len(t.put_start("plain", MiB, 2).placements) == 1  # best effort, as before
+    for seg, floor, open_ in t.first_fences(["node-1"]):
+        t.fence_acked(seg, floor, open_)
+    assert not t.awaiting_first_fence()
+    [(_, outcome)] = grant_leases(t, MiB, 2, 1, owner=1)
+    assert {seg.node_id for seg, _ in outcome.placements} == {"node-0", "node-1"}
+    t.validate()
+
+
+def test_no_lease_short_of_replicas_while_a_node_holds_its_room_after_a_remount(clock):
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock)
+    mount(t, "node-0", 100, 64 * MiB)
+    other = node_info("node-1")
+    t.mount(other, [(SegmentInfo(other, 200, Tier.DRAM, 64 * MiB), None)], remount=True)
+    assert grant_leases(t, MiB, 2, 1, owner=1) == []  # node-1 is writable in a moment
+    assert len(grant_leases(t, MiB, 1, 1, owner=1)) == 1  # one replica asked: node-0 has it
+    clock.now += REMOUNT_HOLD_S + 0.01
+    assert len(grant_leases(t, MiB, 2, 1, owner=1)[0][1].placements) == 2
+    t.validate()
