@@ -31,14 +31,13 @@ and an acknowledged remove holds: a block removed is never visible again (`remov
 through node restarts, drops and returns with their NVMe index, and master restarts).
 Puts ask for two replicas and a fault is only injected once the cluster has repaired the
 previous one, so every acknowledged block keeps a surviving replica.  "Repaired" includes the
-puts that were in flight when a node's segments were dropped: such a put is acknowledged with
-the replicas it has left (one) and only then counts as under-replicated (so is one written
-while a node is stopped, or placed while nodes mount again after a master restart), so a fault
-that drops segments first waits out `--put-timeout` after the last fault that can shorten a put
-(by then every put started before has been committed, or reclaimed) before it asks whether
-anything is under-replicated.  Each
-client records the replica count its acknowledgements reported (`acked_short`: fewer than
-asked; `lost_acked_short`: lost blocks among them).  The node pools are sized
+puts acknowledged short: one under way while a node fails, or placed while nodes mount again
+after a master restart, is acknowledged with the replicas it has and only then counts as
+under-replicated.  So a fault that may drop a node first waits out `--put-timeout` (a later
+PutEnd is refused) from when every node was writable again after the last fault that can
+shorten a put, and its health check must begin after the last short acknowledgement a client
+logged.  Each client records the replica count its acknowledgements reported (`acked_short`:
+fewer than asked; `lost_acked_short`: lost blocks among them).  The node pools are sized
 from the workload and the node count so that nothing needs evicting even with a node down;
 evictions (the master's counter, summed over its restarts) are reported apart from losses, and a
 run with evictions says that an unreadable block may have been evicted rather than lost (it is
@@ -92,8 +91,9 @@ KINDS = [
     "drop_connections", "master_stall", "clock_forward", "clock_backward", "duplicate_node_id",
 ]  # fmt: skip
 # Faults that drop a node's segments (a restart under a new incarnation, or a drop past the
-# grace window) with the replicas on them, those of puts still in flight included.
-DROPS_REPLICAS = {"kill_node", "stop_node_past_grace"}
+# grace window) with the replicas on them, those of puts still in flight included; a stop meant
+# to end inside the grace window may overrun it on a loaded machine.
+DROPS_REPLICAS = {"kill_node", "stop_node_past_grace", "stop_node_in_grace"}
 # Faults during which a put can be acknowledged with fewer replicas than it asked for (a
 # replica's node lost, unreachable or not writable yet): it is repaired from the one it has.
 SHORTENS_PUTS = DROPS_REPLICAS | {"stop_node_in_grace", "kill_master", "drop_connections"}
@@ -166,11 +166,15 @@ def client_main(
     reads = wrong = 0
     patient = Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5)
     short: dict[str, int] = {}  # key -> replicas of an acknowledgement that had fewer than asked
+    unknown: list[str] = []  # acknowledged as stored already (a retry): replica count unknown
     started = time.time()
     pace = max_puts / max(deadline - started, 1.0)  # puts per second, spread over the run
     # Client 0 moves its bytes over TCP (a client on another host: grants are checked by the
-    # nodes), the others through the nodes' shared memory.
-    with connect(master, deadline, retry=patient, local_shm=index != 0) as store:
+    # nodes), the others through the nodes' shared memory.  `short_log`: the time of each
+    # short acknowledgement, as it happens, read by the fault injector (a block acknowledged
+    # short is under-replicated until repaired).
+    store = connect(master, deadline, retry=patient, local_shm=index != 0)
+    with contextlib.closing(store), open(out + ".short", "a") as short_log:
         puts = 0
         while time.time() < deadline:
             due = puts < max_puts and puts < (time.time() - started) * pace + 1
@@ -192,8 +196,13 @@ def client_main(
                             retries[type(again).__name__] += 1
                             raise
                         retries["ok"] += 1
-                    if not result.deduplicated and result.replicas < REPLICAS:
-                        short[key] = result.replicas
+                    if result.deduplicated or result.replicas < REPLICAS:
+                        if result.deduplicated:
+                            unknown.append(key)
+                        else:
+                            short[key] = result.replicas
+                        short_log.write(f"{time.time()}\n")
+                        short_log.flush()
                     acked.append(key)
                     acked_at.append(time.time())
                 except Exception as exc:  # counted by type; not acknowledged
@@ -233,6 +242,7 @@ def client_main(
                                      "wrong_bytes": wrong, "errors": dict(errors),
                                      "failed": failed, "why": why, "removed": removed,
                                      "remove_unknown": remove_unknown, "short": short,
+                                     "replicas_unknown": unknown,
                                      "put_retries": dict(retries)}))  # fmt: skip
 
 
@@ -364,6 +374,7 @@ class Chaos:
         self._counters_now: dict[str, int] = {}
         self.duplicates_refused = self.duplicates_accepted = 0
         self.kinds = list(kinds)
+        self.short_logs: list[str] = []  # the clients' logs of short acknowledgements
         if "drop_connections" in self.kinds and shutil.which("ss") is None:
             self._skip("drop_connections", "`ss` (iproute2) is not installed")
         if cluster.libfaketime is None:
@@ -393,23 +404,45 @@ class Chaos:
         return counters
 
     def healthy(self) -> bool:
-        """Every node mounted and no block below its replica count."""
+        """Every node mounted and writable (not suspect, not mounting) and no block below its
+        replica count."""
         try:
             with self.client() as store:
-                nodes = {n.node_id for n in store.list_nodes()}
+                rows = store.list_nodes()
                 counters = store.stats().counters
         except Exception:  # the master may be restarting
             return False
         self._counters_now = dict(counters)
-        return len(nodes) == len(self.cluster.nodes) and counters.get("under_replicated", 1) == 0
+        nodes = {n.node_id for n in rows}
+        return (
+            len(nodes) == len(self.cluster.nodes)
+            and all(n.state == "valid" for n in rows)
+            and counters.get("under_replicated", 1) == 0
+        )
 
-    def wait_healthy(self, timeout_s: float) -> bool:
+    def last_short_ack(self) -> float:
+        """When a client last had a put acknowledged short of replicas (or with an unknown
+        count), from the clients' `.short` logs; -inf if never."""
+        last = -math.inf
+        for path in self.short_logs:
+            with contextlib.suppress(OSError, ValueError):
+                lines = Path(path).read_text().split()
+                if lines:
+                    last = max(last, float(lines[-1]))
+        return last
+
+    def wait_healthy(self, timeout_s: float, *, after_short_acks: bool = False) -> bool:
+        """Wait until `healthy`; `after_short_acks`: as seen by a check that began after the
+        last short acknowledgement (whose block counted as under-replicated from its commit,
+        before it was acknowledged)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            if self.healthy():
+        while True:
+            began = time.time()
+            if self.healthy() and (not after_short_acks or self.last_short_ack() < began):
                 return True
+            if time.monotonic() >= deadline or self.stop.is_set():
+                return False
             time.sleep(0.2)
-        return self.healthy()
 
     def run(self) -> None:
         order: list[str] = []
@@ -418,21 +451,25 @@ class Chaos:
             if not order:  # every kind once per round, in a random order
                 order = self.rng.sample(self.kinds, len(self.kinds))
             kind = order[-1]
-            if kind in DROPS_REPLICAS:
+            dropping = kind in DROPS_REPLICAS
+            if dropping:
                 # A put acknowledged short counts as under-replicated only once it is: every
                 # put under way during the last such fault must have ended (been committed,
-                # or reclaimed past --put-timeout) before `healthy` can say that each block
+                # or refused past --put-timeout) before `healthy` can say that each block
                 # has its replicas again, and a node may be lost.
                 settle = shortened_at + PUT_TIMEOUT_S + 0.5 - time.monotonic()
                 if settle > 0 and self.stop.wait(settle):
                     break
-            if not self.wait_healthy(30):
+            if not self.wait_healthy(30, after_short_acks=dropping):
                 self.note("cluster not healthy yet; holding faults")
                 continue
             order.pop()
             getattr(self, kind)()
             self.faults[kind] += 1
             if kind in SHORTENS_PUTS:
+                # Counted from when every node is writable again (after a master restart the
+                # nodes mount again, and take their first fences, after it is up).
+                self.wait_healthy(30)
                 shortened_at = time.monotonic()
 
     def _node(self) -> int:
@@ -611,6 +648,7 @@ def main() -> None:
                      for i, o in enumerate(outs)]  # fmt: skip
             for p in procs:
                 p.start()
+            chaos.short_logs = [o + ".short" for o in outs]
             injector = threading.Thread(target=chaos.run)
             injector.start()
             for p in procs:
@@ -672,6 +710,7 @@ def main() -> None:
                 "lost_acked_blocks": len(lost),
                 "clients_failed": clients_failed,
                 "acked_short": sum(len(r.get("short", {})) for r in results),
+                "acked_replicas_unknown": sum(len(r.get("replicas_unknown", [])) for r in results),
                 "lost_acked_short": sum(k in r.get("short", {}) for r in results for k in lost),
                 "lost_examples": lost[:10],
                 "lost_by_client": dict(Counter(k.partition("/")[0] for k in lost)),

@@ -169,7 +169,9 @@ COUNTER_HELP = {
     "puts_committed": "Puts committed.",
     "puts_deduplicated": "Puts of a key that already existed.",
     "puts_revoked": "Puts revoked (every replica failed, or the client gave up).",
-    "puts_reclaimed": "Puts reclaimed after --put-timeout.",
+    "puts_reclaimed": "Puts reclaimed after --put-timeout (by the tick, or at a late PutEnd).",
+    "leases_refused_mounting": "Allocation leases refused because they would have had fewer "
+    "replicas than asked while a node mounted a moment ago was not writable yet.",
     "puts_superseded": "Pending puts revoked for their client's retry (the first reply was lost).",
     "removes": "Objects removed.",
     "gets": "Reads granted (replica lists served).",

@@ -182,9 +182,11 @@ class PutLifecycle(EvictionVictims):
         # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
         # may hold (and evict for) at most max_pending_share of a pool.
         if lease_room is not None:
-            mounting = len(fast) < len(usable)  # some writable in a moment
+            roomy = set()  # when a node is mounting: the nodes a lease could have in a moment
+            if len(fast) < len(usable):
+                roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
             return self._lease_start(
-                key, size_bytes, wanted, fast, extent, lease_room, owner, mounting
+                key, size_bytes, wanted, fast, extent, lease_room, owner, roomy
             )
         chosen = choose_segments(fast, extent, wanted, preferred)
         if not chosen and not evict:
@@ -239,18 +241,20 @@ class PutLifecycle(EvictionVictims):
         extent: int,
         lease_room: Callable[[Segment], bool],
         owner: int,
-        mounting: bool,
+        usable: set[str],
     ) -> PutStartOutcome:
         """put_start of an allocation lease: free room in segments `lease_room` accepts, on
         as many nodes as a plain put would get (it takes free room first), or NoSpaceError.
-        While nodes are `mounting` (mounted a moment ago, not writable yet), no lease on fewer
-        than `wanted` nodes: a lease outlives that moment, and every put into it would be
-        acknowledged short of replicas that nodes are about to have room for."""
+        `usable`: when some node is mounting (mounted a moment ago, not writable yet), the
+        nodes with lease room, those included: no lease on fewer of them than `wanted` can
+        have, since a lease outlives that moment and every put into it would be acknowledged
+        short of replicas that a node is about to have room for (`leases_refused_mounting`)."""
         could = len(choose_segments(fast, extent, wanted))
         chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
         if not chosen or len(chosen) < could:
             raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
-        if mounting and len(chosen) < wanted:
+        if len(chosen) < min(wanted, len(usable)):
+            self.counters["leases_refused_mounting"] += 1
             raise NoSpaceError(
                 f"a lease would have {len(chosen)} of {wanted} replicas while nodes are mounting"
             )
@@ -357,6 +361,12 @@ class PutLifecycle(EvictionVictims):
             InvalidValueError: the checksum is not a 64-bit unsigned value.
         """
         slot = self._pending_slot(key, generation)
+        if self._pending[key] <= self._clock():  # the tick had not come round to it yet
+            self._delete(slot, 0.0)
+            self.counters["puts_reclaimed"] += 1
+            raise ObjectNotFoundError(
+                f"the put of {key!r} outlived its deadline (put_timeout) and was reclaimed"
+            )
         if not 0 <= checksum <= 0xFFFFFFFFFFFFFFFF:
             raise InvalidValueError(f"checksum {checksum} is not a 64-bit unsigned value")
         failed = set(failed_segments)

@@ -4,6 +4,7 @@ unchecked and the run still passed (scripts/chaos.py `connect`, `clients_failed`
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import signal
 import sys
@@ -38,7 +39,8 @@ def test_a_client_started_while_the_master_is_down_waits_for_it(tmp_path):
         restarter = threading.Timer(1.0, cluster.start_master)
         restarter.start()
         try:
-            with chaos.connect(cluster.master_address, time.time() + 60, local_shm=False) as store:
+            store = chaos.connect(cluster.master_address, time.time() + 60, local_shm=False)
+            with contextlib.closing(store):
                 cluster.wait_for_nodes(1)
                 store.put("after-restart", b"x" * 4096)
                 assert store.get("after-restart") == b"x" * 4096

@@ -241,4 +241,15 @@ def test_no_lease_short_of_replicas_while_a_node_holds_its_room_after_a_remount(
     assert len(grant_leases(t, MiB, 1, 1, owner=1)) == 1  # one replica asked: node-0 has it
     clock.now += REMOUNT_HOLD_S + 0.01
     assert len(grant_leases(t, MiB, 2, 1, owner=1)[0][1].placements) == 2
+    assert t.counters["leases_refused_mounting"] == 1
+    t.validate()
+
+
+def test_a_mounting_node_without_room_for_the_lease_does_not_hold_leases_back(clock):
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock)
+    mount(t, "node-0", 100, 64 * MiB)
+    small = node_info("node-1")
+    t.mount(small, [(SegmentInfo(small, 200, Tier.DRAM, 256 * 1024), None)], remount=True)
+    assert len(grant_leases(t, MiB, 2, 1, owner=1)[0][1].placements) == 1  # as after the hold
+    assert t.counters["leases_refused_mounting"] == 0
     t.validate()

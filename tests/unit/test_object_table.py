@@ -151,6 +151,24 @@ def test_zombie_puts_are_reclaimed_after_the_timeout(table, clock):
         table.put_end("z", 1)
 
 
+def test_a_put_end_past_the_timeout_is_refused_before_the_tick_reclaims_it(table, clock):
+    """--put-timeout bounds a put: one not ended by then is never committed, even when its
+    PutEnd comes before the tick that would reclaim it (a chaos run waits the timeout out
+    to know that every put under way during a fault has ended)."""
+    table.put_start("late", MiB, 2)
+    clock.now += 30
+    beat(table)
+    with pytest.raises(ObjectNotFoundError, match="outlived"):
+        table.put_end("late", 1)
+    assert table.get("late") is None and used(table) == 0
+    assert table.counters["puts_reclaimed"] == 1 and table.tick().reclaimed_puts == []
+    table.put_start("late", MiB, 2)  # the key is free for a new put
+    clock.now += 29.9
+    table.put_end("late", 1)  # in time
+    table.commit_put_end("late")
+    assert table.exists("late")
+
+
 def test_remove_under_a_read_lease_defers_the_free(table, clock):
     commit(table, "k")
     table.get_replicas("k")  # lease until now + 5
