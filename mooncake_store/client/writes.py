@@ -56,6 +56,7 @@ from mooncake_store.common.errors import (
     MooncakeError,
     ObjectBusyError,
     ObjectConflictError,
+    ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.common.wire import Op
@@ -184,14 +185,16 @@ class WriteFlows(LocationMemory):
     ) -> Flow[None]:
         """PutStart, copy, PutEnd; once more, from a new PutStart, for the puts whose every
         replica the data path refused or failed (a node mounted again or fenced meanwhile ends
-        the write grants it had: the master revoked them or places the put anew)."""
+        the write grants it had: the master revoked them or places the put anew), and for
+        those whose PutEnd found no put pending (reclaimed past --put-timeout, or started on a
+        master run that ended: one whose first PutEnd committed before the restart, its reply
+        lost, is found stored by the new PutStart)."""
         failed = yield from self._two_phase_round(pending, committed, leasing)
         again = [p for p in failed if p.retryable]
         if not again:
             return
         self.counters["put_retries"] += len(again)
-        log.info("putting %d objects again: no replica could be written (%s)",
-                 len(again), again[0].error)  # fmt: skip
+        log.info("putting %d objects again: %s", len(again), again[0].error)
         first = [p.error for p in again]
         for p in again:
             p.plan, p.failed, p.error, p.checksum, p.retryable = None, None, None, 0, False
@@ -204,7 +207,8 @@ class WriteFlows(LocationMemory):
         self, pending: list[PendingPut], committed: dict[str, int], leasing: bool
     ) -> Flow[list[PendingPut]]:
         """PutStart, copy, PutEnd (which asks for leases for the next puts of these sizes).
-        Returns the puts revoked because no replica could be written."""
+        Returns the puts revoked because no replica could be written, and those whose PutEnd
+        found no put pending."""
         yield from start_puts(pending, self._attempts)
         check_conflicts(pending, self.counters)
         conflicted = [p for p in pending if isinstance(p.error, ObjectConflictError)]
@@ -226,6 +230,7 @@ class WriteFlows(LocationMemory):
             raise
         to_end = [p for p in to_write if p.landed()]
         to_revoke = [p for p in to_write if not p.landed()]
+        not_pending: list[PendingPut] = []
         if to_end:
             items = [(p.key, p.checksum, p.failed or (), p.generation) for p in to_end]
             wanted = self._leases.wanted([p.spec for p in to_end]) if self._leases else []
@@ -245,13 +250,16 @@ class WriteFlows(LocationMemory):
                     p.error = end
                     if unanswered(end):
                         self._attempts.lost(p.key, p.attempt)
+                    if isinstance(end, ObjectNotFoundError):  # nothing pending: put it again
+                        p.retryable = True
+                        not_pending.append(p)
                 else:
                     committed[p.key] = end
         if to_revoke:
             yield from self._revoke(to_revoke)
             for p in to_revoke:
                 p.error = p.error or DataPathError(f"no replica of {p.key!r} could be written")
-        return to_revoke
+        return to_revoke + not_pending
 
     def _put_leased(
         self, pending: list[PendingPut], committed: dict[str, int]

@@ -2,8 +2,9 @@
 
 put_start -> PROCESSING (invisible) -> put_end -> COMMITTING (being made durable) ->
 commit_put_end -> COMPLETE (visible).  put_revoke, a failed commit, a put that outlives
-`put_timeout_s` (zombie, reclaimed by `ObjectTable.tick`), the close of the connection that
-started it (`revoke_owner`), or the death of every replica's node, remove a pending put.
+`put_timeout_s` (zombie: reclaimed by `ObjectTable.tick`, or at its late PutEnd, refused), the
+close of the connection that started it (`revoke_owner`), or the death of every replica's node,
+remove a pending put.
 Pending puts may hold (and evict for) at most `max_pending_share` of a pool.
 
 `PutLifecycle` is a base of `ObjectTable` (object_table.py) on top of `EvictionVictims`.

@@ -313,3 +313,37 @@ def test_a_put_right_after_a_master_restart_waits_for_its_nodes(tmp_path):
         with Client(cluster.master_address) as store:
             store.put("after", value)
             assert store.get("after") == value and store.get("before") == value
+
+
+def test_a_put_end_repeated_on_a_restarted_master_reports_the_put_it_committed(tmp_path):
+    """A PutEnd committed, its reply lost, and the master restarted before the client sent it
+    again: the new run restored the object but cannot name the put that committed it, and
+    answers the repeat "no put pending", a definite failure for a block that is stored (a
+    chaos run counted one as a misreported put). The client puts it once more from a new
+    PutStart instead, which finds the key stored with its bytes (deduplicated)."""
+    from mooncake_store.client.master_calls import MasterCall
+    from tests.conftest import FAST_MASTER
+
+    value = os.urandom(200_000)
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=FAST_MASTER) as cluster:
+        assert cluster.master is not None
+        with Client(cluster.master_address, local_shm=False, leases=False) as store:
+            call_master = store._master_call
+            repeated: list[object] = []
+
+            def lose_put_end_reply(call: MasterCall) -> object:
+                reply = call_master(call)
+                if call.name == "BatchPutEnd" and not repeated:
+                    cluster.master.stop()  # the reply is lost with it
+                    cluster.start_master()
+                    cluster.wait_for_nodes(1)
+                    time.sleep(1.0)  # past the new mount's hold
+                    repeated.append(reply)
+                    return call_master(call)  # sent again, as after a lost reply
+                return reply
+
+            store._master_call = lose_put_end_reply  # type: ignore[method-assign]
+            result = store.put("committed-before-a-restart", value)
+            assert repeated, "the PutEnd did not go through _master_call"
+            assert result.deduplicated and store.counters["put_retries"] == 1
+            assert store.get("committed-before-a-restart") == value
