@@ -323,10 +323,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("status",)
+    __slots__ = ("status", "master_time_ms")
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     status: Status
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+    master_time_ms: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., master_time_ms: _Optional[int] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "incarnation")

@@ -4,8 +4,9 @@ The master owns allocation inside every mounted segment.  When it hands a client
 location (PutStart for writing, GetReplicaList for reading) it signs a grant with the secret the
 node gave it at mount time.  The node verifies the signature, the segment, the mode, the expiry
 and that the access lies inside the granted extent, so a client can touch only allocations the
-master told it about, and only while its put window or read lease lasts.  Expiry is wall-clock
-(milliseconds since the epoch), so master and nodes on different hosts need synchronised clocks.
+master told it about, and only while its put window or read lease lasts.  Expiry is the
+master's wall clock (milliseconds since the epoch); a node checks it against the master's clock
+as heartbeat replies carry it (node/master_clock.py), not against its own.
 
 A WRITE grant also names its put's `generation` (unique per put in the master's lifetime; a
 READ grant names the generation of the put that stored the object, 0 for an object restored

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,7 +92,9 @@ class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
                 status = pb.Status(code=refused.code, message=refused.message)
                 return pb.HeartbeatResponse(status=status)
         if self.heartbeats.beat(request.node_id, request.incarnation):
-            return pb.HeartbeatResponse(status=pb.Status(code=OK))
+            return pb.HeartbeatResponse(
+                status=pb.Status(code=OK), master_time_ms=int(time.time() * 1000)
+            )
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=pb.Status(code=exc.code, message=exc.message))
 

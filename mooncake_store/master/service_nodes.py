@@ -213,7 +213,7 @@ class NodeMethods(ServicerBase):
         except AccessDeniedError as refused:
             return pb.HeartbeatResponse(status=_status(refused))
         if self.table.heartbeat(request.node_id, request.incarnation):
-            return pb.HeartbeatResponse(status=_OK)
+            return pb.HeartbeatResponse(status=_OK, master_time_ms=int(time.time() * 1000))
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=_status(exc))
 

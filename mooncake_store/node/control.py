@@ -19,7 +19,6 @@ import mmap
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 
@@ -319,7 +318,7 @@ class NodeControl(pb_grpc.NodeServiceServicer):
                 if fence.segment_id in self.dram:
                     self.gate.saw(WriteFence(fence.floor, frozenset(fence.open)))
             return pb.Status(code=AccessDeniedError.code, message=problem)
-        now_ms = int(time.time() * 1000)
+        now_ms = self.gate.clock.now_ms()
         for fence in request.fences:
             if fence.segment_id in self.dram:
                 fenced = WriteFence(fence.floor, frozenset(fence.open))

@@ -19,7 +19,6 @@ import asyncio
 import logging
 import mmap
 import struct
-import time
 from concurrent.futures import Executor
 from ssl import SSLContext
 
@@ -89,7 +88,7 @@ class DataAccess:
         )
 
     def finish_write(self, write: PendingWrite) -> None:
-        self.gate.finish(write, int(time.time() * 1000))
+        self.gate.finish(write, self.gate.clock.now_ms())
         self.writes += 1
         self.write_bytes += write.end - write.start
 
@@ -104,7 +103,7 @@ class DataAccess:
             problem = "grant signature is invalid (not issued by this node's master)"
         elif grant.segment_id not in self.dram and self.staged(grant.segment_id) is None:
             problem = f"grant is for segment {grant.segment_id:x}, which this node does not hold"
-        elif grant.expires_ms < time.time() * 1000:
+        elif grant.expires_ms < self.gate.clock.now_ms():  # the master's clock
             problem = "grant expired (put timed out or read lease ended); ask the master again"
             refusal = GrantExpiredError
         elif not grant.covers(offset, size_bytes, mode):

@@ -65,8 +65,12 @@ class MasterLink:
         mount_timeout_s: float = 5.0,
         on_fences: Callable[[Sequence[pb.WriteFence] | None, str], bool] | None = None,
         on_mounting: Callable[[bool], None] | None = None,
+        on_master_time: Callable[[int, float, float], None] | None = None,
     ) -> None:
         self.master = master
+        # Called with each heartbeat reply's master time and the request's send and reply
+        # times (monotonic): the node keeps the master's clock (node/master_clock.py).
+        self._on_master_time = on_master_time
         # Called (on this link's thread) with True before a mount again (same-host copies
         # stop: the mount may be new to the master, which then hands the pool's room out
         # afresh) and with False once its reply is in (its fences shown).
@@ -285,6 +289,7 @@ class MasterLink:
 
     def _heartbeat(self, stub: pb_grpc.MasterServiceStub) -> pb.HeartbeatResponse | None:
         request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
+        sent = time.monotonic()
         try:
             reply = stub.Heartbeat(
                 request,
@@ -295,6 +300,8 @@ class MasterLink:
             if self.mounted.is_set():
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
             return None
+        if self._on_master_time is not None and reply.master_time_ms:
+            self._on_master_time(reply.master_time_ms, sent, time.monotonic())
         return reply  # type: ignore[no-any-return]
 
     def _close(self) -> None:

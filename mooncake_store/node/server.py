@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import socket
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -209,6 +208,7 @@ class StoreNode:
             call_timeout_s=cfg.master_call_timeout_s,
             unmount_timeout_s=cfg.unmount_timeout_s, mount_timeout_s=cfg.mount_timeout_s,
             on_fences=self._take_fences, on_mounting=self._mounting,
+            on_master_time=self.access.gate.clock.observe if self.access is not None else None,
         )  # fmt: skip
         link = self._link
         self.control.master_run = lambda: link.master_run  # FenceWrites from that run only
@@ -262,7 +262,7 @@ class StoreNode:
         if loop is not None:
             try:
                 loop.call_soon_threadsafe(
-                    access.gate.prune, self.segment_id, int(time.time() * 1000)
+                    access.gate.prune, self.segment_id, access.gate.clock.now_ms()
                 )
             except RuntimeError:  # the loop closed: the node is stopping
                 pass

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mooncake_store.common.grant import WriteFence
+from mooncake_store.node.master_clock import MasterClock
 
 NEVER = (1 << 64) - 1
 CLOSED = WriteFence(NEVER, frozenset())  # admits no generation: a segment being mounted
@@ -139,6 +140,8 @@ class WriteGate:
         # Called with (segment, mount fence, pushed fence or None) after every fence change:
         # the node mirrors them into shared memory for same-host copies (common/shm_fence.py).
         self.watcher: Callable[[int, WriteFence, WriteFence | None], None] | None = None
+        #: The master's wall clock, which grant expiries are in (node/master_clock.py).
+        self.clock = MasterClock()
 
     # ---- fences -------------------------------------------------------------------------
 
