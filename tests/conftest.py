@@ -3,8 +3,12 @@ test needs process-level faults), and a polling helper."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -34,6 +38,17 @@ def private_token_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(TOKEN_DIR_ENV, str(directory))
         yield str(directory)
+
+
+def chaos_script() -> ModuleType:
+    """scripts/chaos.py as a module (its helpers are tested; it is a script, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "chaos.py"
+    spec = importlib.util.spec_from_file_location("chaos_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("chaos_script", module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wait_until(

@@ -5,32 +5,19 @@ unchecked and the run still passed (scripts/chaos.py `connect`, `clients_failed`
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from mooncake_store.cluster import LocalCluster
 from mooncake_store.common.errors import MasterUnavailableError
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
-
-
-def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("chaos_script", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import chaos_script
 
 
 def test_a_client_started_while_the_master_is_down_waits_for_it(tmp_path):
-    chaos = _chaos()
+    chaos = chaos_script()
     with LocalCluster(tmp_path, nodes=1, dram="32MiB") as cluster:
         cluster.master.signal(signal.SIGKILL)
         cluster.master.proc.wait()

@@ -5,30 +5,17 @@ expired (a 240 s chaos run saw 305 puts fail that way over three steps)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from mooncake_store import Client
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
-
-
-def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("chaos_script", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import chaos_script
 
 
 def test_grants_of_a_master_whose_clock_stepped_back_are_honoured(tmp_path):
-    chaos = _chaos()
+    chaos = chaos_script()
     libfaketime = chaos.find_libfaketime()
     if libfaketime is None:
         pytest.skip("libfaketime is not installed (scripts/install-deps.sh installs it)")

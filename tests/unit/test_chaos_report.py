@@ -3,21 +3,9 @@ loss can be set beside the faults injected when those puts were acknowledged."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
-
-
-def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("chaos_script", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import chaos_script
 
 
 def _hms(at: float) -> str:
@@ -25,7 +13,7 @@ def _hms(at: float) -> str:
 
 
 def test_lost_blocks_are_grouped_by_client_and_acknowledgement_window():
-    chaos = _chaos()
+    chaos = chaos_script()
     t0 = 1_700_000_000.0
     lost = [("c1/7", t0 + 1), ("c1/3", t0), ("c1/9", t0 + 4.5),  # one window (gaps <= 5 s)
             ("c1/40", t0 + 60), ("c1/41", t0 + 61),  # a second, a minute later
@@ -42,7 +30,7 @@ def test_lost_blocks_are_grouped_by_client_and_acknowledgement_window():
 def test_a_run_keeps_its_token_file_in_its_own_directory(tmp_path, monkeypatch):
     from mooncake_store.common.credentials import local_token_path
 
-    chaos = _chaos()
+    chaos = chaos_script()
     monkeypatch.delenv("MOONCAKE_TOKEN_DIR", raising=False)  # restored after the test
     directory = chaos.private_token_dir(str(tmp_path))
     assert directory == tmp_path / "tokens"
