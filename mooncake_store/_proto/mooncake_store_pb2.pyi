@@ -315,20 +315,24 @@ class MountSegmentResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation")
+    __slots__ = ("node_id", "incarnation", "nonce")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    nonce: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., nonce: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("status", "master_time_ms")
+    __slots__ = ("status", "master_time_ms", "time_signature")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TIME_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     status: Status
     master_time_ms: int
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., master_time_ms: _Optional[int] = ...) -> None: ...
+    time_signature: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., master_time_ms: _Optional[int] = ..., time_signature: _Optional[str] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "incarnation")

@@ -6,9 +6,9 @@ wall-clock step (an NTP correction, an operator's `date -s`) changes none of the
 used only for values that leave the process:
 
 - grant expiry (`common/grant.py`): the master signs a wall-clock expiry that the node checks
-  against its own wall clock.  The stated tolerance: master and node clocks must agree to within
-  a small fraction of the grant's life (lease_ttl_s for reads, put_timeout_s for writes); a
-  clock step shortens or lengthens the grants issued around it, and never deletes anything;
+  against the master's clock as signed heartbeat replies carry it (`node/master_clock.py`), so
+  node clocks need not agree with the master's; a step of the master's clock shortens or
+  lengthens the grants issued just before it (by the step), and never deletes anything;
 - a pin's end in RocksDB (`master/persistence.py`), which must mean the same after a reboot.
 
 `to_wall` and `to_monotonic` convert an instant between the two at the moment of the call; 0

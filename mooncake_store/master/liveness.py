@@ -26,6 +26,7 @@ import grpc
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
+from mooncake_store.common.auth import sign_master_time
 from mooncake_store.common.errors import OK, AccessDeniedError, SegmentNotFoundError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -71,12 +72,29 @@ class Heartbeats:
         return None if known is None else known[1]
 
 
+def master_time_reply(request: pb.HeartbeatRequest, key: bytes | None) -> pb.HeartbeatResponse:
+    """An OK heartbeat reply carrying the master's wall time, signed with the node's control key
+    (when it has one) over the request's nonce (node/master_clock.py)."""
+    now_ms = int(time.time() * 1000)
+    signature = (
+        sign_master_time(key, request.node_id, request.incarnation, request.nonce, now_ms)
+        if key is not None
+        else ""
+    )
+    return pb.HeartbeatResponse(
+        status=pb.Status(code=OK), master_time_ms=now_ms, time_signature=signature
+    )
+
+
 class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
     """Only Heartbeat; every other method of the service is UNIMPLEMENTED on this port."""
 
-    def __init__(self, heartbeats: Heartbeats, access: AccessControl) -> None:
+    def __init__(
+        self, heartbeats: Heartbeats, access: AccessControl, control_keys: dict[str, bytes]
+    ) -> None:
         self.heartbeats = heartbeats
         self.access = access
+        self.control_keys = control_keys  # the master's, read here (one dict lookup)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: object) -> pb.HeartbeatResponse:
         if self.access.enabled:  # only the node itself (its node token) may heartbeat for it
@@ -92,9 +110,7 @@ class _HeartbeatServicer(pb_grpc.MasterServiceServicer):
                 status = pb.Status(code=refused.code, message=refused.message)
                 return pb.HeartbeatResponse(status=status)
         if self.heartbeats.beat(request.node_id, request.incarnation):
-            return pb.HeartbeatResponse(
-                status=pb.Status(code=OK), master_time_ms=int(time.time() * 1000)
-            )
+            return master_time_reply(request, self.control_keys.get(request.node_id))
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=pb.Status(code=exc.code, message=exc.message))
 
@@ -118,6 +134,8 @@ class LivenessServer:
     ) -> None:
         self.heartbeats = heartbeats
         self.access = access or AccessControl(None)
+        #: node id -> control key (the master's dict): heartbeat replies sign the master's time.
+        self.control_keys: dict[str, bytes] = {}
         self._tls = tls
         self._server: grpc.Server | None = None
         self.port = 0
@@ -129,7 +147,7 @@ class LivenessServer:
             options=server_options(),
         )
         pb_grpc.add_MasterServiceServicer_to_server(
-            _HeartbeatServicer(self.heartbeats, self.access), server
+            _HeartbeatServicer(self.heartbeats, self.access, self.control_keys), server
         )
         bound = bind_grpc(server, f"{host}:{port}", self._tls, "master's heartbeat endpoint")
         server.start()

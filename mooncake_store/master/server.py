@@ -171,6 +171,7 @@ class MasterServer:
         await server.start()
         if self.config.liveness_port >= 0:
             self._liveness = LivenessServer(self.table.heartbeats, tls=tls, access=self.access)
+            self._liveness.control_keys = self._servicer.control_keys
             self._servicer.liveness_port = self._liveness.start_remembered(
                 self.config.host, self.config.liveness_port,
                 Path(self.config.data_dir) / "liveness-port",

@@ -26,6 +26,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.master.access import Caller
 from mooncake_store.master.generations import past_earlier_run
+from mooncake_store.master.liveness import master_time_reply
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from mooncake_store.master.service_base import _OK, ServicerBase, _status
 
@@ -213,7 +214,7 @@ class NodeMethods(ServicerBase):
         except AccessDeniedError as refused:
             return pb.HeartbeatResponse(status=_status(refused))
         if self.table.heartbeat(request.node_id, request.incarnation):
-            return pb.HeartbeatResponse(status=_OK, master_time_ms=int(time.time() * 1000))
+            return master_time_reply(request, self.control_keys.get(request.node_id))
         exc = SegmentNotFoundError(f"node {request.node_id} is not mounted; mount again")
         return pb.HeartbeatResponse(status=_status(exc))
 

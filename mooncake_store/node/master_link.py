@@ -27,6 +27,7 @@ until a reply comes (`fences_owed`).
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,12 @@ from google.protobuf.message import Message
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
-from mooncake_store.common.auth import SIGNATURE_METADATA, node_proof_key, sign_request
+from mooncake_store.common.auth import (
+    SIGNATURE_METADATA,
+    master_time_signed,
+    node_proof_key,
+    sign_request,
+)
 from mooncake_store.common.errors import (
     OK,
     AccessDeniedError,
@@ -66,11 +72,15 @@ class MasterLink:
         on_fences: Callable[[Sequence[pb.WriteFence] | None, str], bool] | None = None,
         on_mounting: Callable[[bool], None] | None = None,
         on_master_time: Callable[[int, float, float], None] | None = None,
+        time_key: Callable[[], bytes | None] | None = None,
     ) -> None:
         self.master = master
-        # Called with each heartbeat reply's master time and the request's send and reply
-        # times (monotonic): the node keeps the master's clock (node/master_clock.py).
+        # Called with each OK heartbeat reply's master time and the request's send and reply
+        # times (monotonic): the node keeps the master's clock (node/master_clock.py).  With
+        # a control key (`time_key`; None: the node has no token), only a time the master
+        # signed over the request's nonce is taken.
         self._on_master_time = on_master_time
+        self._time_key = time_key or (lambda: None)
         # Called (on this link's thread) with True before a mount again (same-host copies
         # stop: the mount may be new to the master, which then hands the pool's room out
         # afresh) and with False once its reply is in (its fences shown).
@@ -288,7 +298,9 @@ class MasterLink:
             self._remount(keep_mounted=False)
 
     def _heartbeat(self, stub: pb_grpc.MasterServiceStub) -> pb.HeartbeatResponse | None:
-        request = pb.HeartbeatRequest(node_id=self.node_id, incarnation=self.incarnation)
+        request = pb.HeartbeatRequest(
+            node_id=self.node_id, incarnation=self.incarnation, nonce=secrets.randbits(63)
+        )
         sent = time.monotonic()
         try:
             reply = stub.Heartbeat(
@@ -300,8 +312,13 @@ class MasterLink:
             if self.mounted.is_set():
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
             return None
-        if self._on_master_time is not None and reply.master_time_ms:
-            self._on_master_time(reply.master_time_ms, sent, time.monotonic())
+        if self._on_master_time is not None and reply.status.code == OK and reply.master_time_ms:
+            key = self._time_key()
+            if key is None or master_time_signed(
+                key, self.node_id, self.incarnation, request.nonce, reply.master_time_ms,
+                reply.time_signature,
+            ):  # fmt: skip
+                self._on_master_time(reply.master_time_ms, sent, time.monotonic())
         return reply  # type: ignore[no-any-return]
 
     def _close(self) -> None:
