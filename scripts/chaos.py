@@ -96,7 +96,7 @@ KINDS = [
 DROPS_REPLICAS = {"kill_node", "stop_node_past_grace", "stop_node_in_grace"}
 # Faults during which a put can be acknowledged with fewer replicas than it asked for (a
 # replica's node lost, unreachable or not writable yet): it is repaired from the one it has.
-SHORTENS_PUTS = DROPS_REPLICAS | {"stop_node_in_grace", "kill_master", "drop_connections"}
+SHORTENS_PUTS = DROPS_REPLICAS | {"kill_master", "drop_connections"}
 MIN_BLOCK, MAX_BLOCK = 4096, 4096 * 32
 MEAN_BLOCK = (MIN_BLOCK + MAX_BLOCK) / 2
 REPLICAS = 2

@@ -335,29 +335,20 @@ def sign_request(key: bytes, method: str, body: bytes, now_s: float) -> str:
     return f"{stamp_ms}.{nonce}.{_request_mac(key, method, stamp_ms, nonce, body).hex()}"
 
 
-def _time_body(node_id: str, incarnation: int) -> bytes:
-    return f"{node_id}\n{incarnation}".encode()
-
-
 def sign_master_time(key: bytes, node_id: str, incarnation: int, nonce: int, time_ms: int) -> str:
     """The signature of the master's wall time in a heartbeat reply to the request that named
     `nonce` (node/master_clock.py): a node follows no time but its master's, and none sent to
     an earlier request (a replay would set its clock back and make expired grants work)."""
-    return _request_mac(
-        key, "MasterTime", time_ms, f"{nonce:x}", _time_body(node_id, incarnation)
-    ).hex()
+    body = f"{node_id}\n{incarnation}".encode()
+    return _request_mac(key, "MasterTime", time_ms, f"{nonce:x}", body).hex()
 
 
 def master_time_signed(
     key: bytes, node_id: str, incarnation: int, nonce: int, time_ms: int, signature: str
 ) -> bool:
     """Whether `signature` is `sign_master_time` of these values."""
-    try:
-        mac = bytes.fromhex(signature)
-    except ValueError:
-        return False
-    body = _time_body(node_id, incarnation)
-    return hmac.compare_digest(mac, _request_mac(key, "MasterTime", time_ms, f"{nonce:x}", body))
+    expected = sign_master_time(key, node_id, incarnation, nonce, time_ms)
+    return hmac.compare_digest(signature.encode(), expected.encode())
 
 
 class RequestVerifier:

@@ -281,9 +281,8 @@ class ObjectTable(ObjectReads):
         self._expire(now, result)
         for key, deadline in list(self._pending.items()):
             if deadline <= now:
-                self._delete(self._slot[key], 0.0)
+                self._reclaim(self._slot[key])
                 result.reclaimed_puts.append(key)
-                self.counters["puts_reclaimed"] += 1
         for segment_id, held in self.fences.expired(now):
             self._release_held(segment_id, held, now)
         while self._deferred and self._deferred[0][0] <= now:

@@ -183,11 +183,8 @@ class PutLifecycle(EvictionVictims):
         # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
         # may hold (and evict for) at most max_pending_share of a pool.
         if lease_room is not None:
-            roomy = set()  # when a node is mounting: the nodes a lease could have in a moment
-            if len(fast) < len(usable):
-                roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
             return self._lease_start(
-                key, size_bytes, wanted, fast, extent, lease_room, owner, roomy
+                key, size_bytes, wanted, fast, usable, extent, lease_room, owner
             )
         chosen = choose_segments(fast, extent, wanted, preferred)
         if not chosen and not evict:
@@ -239,22 +236,26 @@ class PutLifecycle(EvictionVictims):
         size_bytes: int,
         wanted: int,
         fast: list[Segment],
+        usable: list[Segment],
         extent: int,
         lease_room: Callable[[Segment], bool],
         owner: int,
-        usable: set[str],
     ) -> PutStartOutcome:
         """put_start of an allocation lease: free room in segments `lease_room` accepts, on
         as many nodes as a plain put would get (it takes free room first), or NoSpaceError.
-        `usable`: when some node is mounting (mounted a moment ago, not writable yet), the
-        nodes with lease room, those included: no lease on fewer of them than `wanted` can
-        have, since a lease outlives that moment and every put into it would be acknowledged
-        short of replicas that a node is about to have room for (`leases_refused_mounting`)."""
+        `usable`: the segments puts may go to, `fast` and those mounting (mounted a moment
+        ago, not writable yet).  While one is mounting, no lease on fewer nodes than `wanted`
+        and the nodes with room for it allow: a lease outlives that moment, and every put into
+        it would be acknowledged short of replicas that a node is about to have room for
+        (`leases_refused_mounting`)."""
         could = len(choose_segments(fast, extent, wanted))
         chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
         if not chosen or len(chosen) < could:
             raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
-        if len(chosen) < min(wanted, len(usable)):
+        roomy: set[str] = set()  # the nodes a lease could have in a moment
+        if len(fast) < len(usable):
+            roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
+        if len(chosen) < min(wanted, len(roomy)):
             self.counters["leases_refused_mounting"] += 1
             raise NoSpaceError(
                 f"a lease would have {len(chosen)} of {wanted} replicas while nodes are mounting"
@@ -363,8 +364,7 @@ class PutLifecycle(EvictionVictims):
         """
         slot = self._pending_slot(key, generation)
         if self._pending[key] <= self._clock():  # the tick had not come round to it yet
-            self._delete(slot, 0.0)
-            self.counters["puts_reclaimed"] += 1
+            self._reclaim(slot)
             raise ObjectNotFoundError(
                 f"the put of {key!r} outlived its deadline (put_timeout) and was reclaimed"
             )
@@ -384,6 +384,12 @@ class PutLifecycle(EvictionVictims):
         self._state[slot] = COMMITTING
         self._pending.pop(key, None)
         return self._snapshot(slot)
+
+    def _reclaim(self, slot: int) -> None:
+        """End a pending put that outlived its deadline (`put_timeout_s`): nothing visible,
+        its extents freed (by `ObjectTable.tick`, or at its late PutEnd)."""
+        self._delete(slot, 0.0)
+        self.counters["puts_reclaimed"] += 1
 
     def _other_put(self, slot: int, generation: int) -> bool:
         """True when `generation` names a put other than the one in `slot` (0 names any: a
