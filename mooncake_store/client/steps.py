@@ -10,8 +10,6 @@ the sync `Client` takes them in the calling thread, on blocking sockets of its o
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +24,7 @@ from mooncake_store.common.checksum import CHUNK_BYTES, ChunkedHasher, chunk_dig
 from mooncake_store.common.checksum import checksum as checksum
 from mooncake_store.common.copyhash import SMALL_COPY, copy_digest, copy_digest_parts
 from mooncake_store.common.errors import InvalidValueError
+from mooncake_store.common.helper_thread import HelperThread
 from mooncake_store.common.wire import Op
 
 T = TypeVar("T")
@@ -218,61 +217,35 @@ def parts_checksum(parts: Sequence[memoryview]) -> int:
 
 
 class _CopyHelper:
-    """One thread per process that copies and hashes the back half of a big buffer (see
-    copy_checksum).
-    At most one caller uses it at a time; the others copy alone rather than queue."""
+    """The process's helper thread (common/helper_thread.py) that copies and hashes the back
+    half of a big buffer (see copy_checksum).  Busy, the caller copies alone."""
 
     def __init__(self) -> None:
-        self._busy = threading.Lock()  # held by the caller using the helper
-        self._start = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
-        self._job: tuple[memoryview, memoryview, Guard | None] | None = None
-        self._digests: list[int] = []
-        self._error: BaseException | None = None
-        self._pid = 0  # the thread does not survive a fork: start one per process
-        self.splits = 0  # copies it took half of
+        self.thread = HelperThread("mooncake-copy")
         self._copy = copy_digest  # what the helper copies with (a test makes it fail)
+
+    @property
+    def splits(self) -> int:  # copies it took half of
+        return self.thread.jobs
 
     def start(
         self, to: memoryview, frm: memoryview, split: int, guard: Guard | None = None
     ) -> bool:
         """Hand `frm[split:]` -> `to[split:]` to the helper; False when it is busy."""
-        if not self._busy.acquire(blocking=False):
-            return False
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._start, self._done = threading.Semaphore(0), threading.Semaphore(0)
-            threading.Thread(target=self._run, name="mooncake-copy", daemon=True).start()
-        self._job = (to[split:], frm[split:], guard)
-        self.splits += 1
-        self._start.release()
-        return True
+        to, frm, copy = to[split:], frm[split:], self._copy
+
+        def job() -> list[int]:
+            if guard is not None:
+                guard()  # its first chunk is guarded too
+            return _copy_hashed(copy, to, frm, guard)
+
+        return self.thread.start(job)
 
     def wait(self) -> list[int]:
         """Wait for the back half and return its chunk digests; raise what the helper's copy
         raised."""
-        self._done.acquire()
-        error, self._error, self._job = self._error, None, None
-        digests, self._digests = self._digests, []
-        self._busy.release()
-        if error is not None:
-            raise error
+        digests: list[int] = self.thread.wait()
         return digests
-
-    def _run(self) -> None:
-        start, done = self._start, self._done
-        while True:
-            start.acquire()
-            try:
-                job = self._job
-                if job is not None:
-                    if job[2] is not None:
-                        job[2]()  # its first chunk is guarded too
-                    self._digests = _copy_hashed(self._copy, job[0], job[1], job[2])
-            except BaseException as exc:  # the caller raises it: never a silent short copy
-                self._error = exc
-            finally:
-                done.release()
 
 
 _HELPER = _CopyHelper()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from mooncake_store.client.transport import Buffer, Hasher, nbytes
 from mooncake_store.client.types import ReplicaLocation
@@ -12,6 +13,7 @@ from mooncake_store.common.errors import (
     DataPathError,
 )
 from mooncake_store.common.grant import GRANT_BYTES
+from mooncake_store.common.helper_thread import HelperThread
 from mooncake_store.common.tls import describe_tls_failure
 from mooncake_store.common.wire import (
     MAX_READV_ENTRIES,
@@ -60,19 +62,38 @@ def plan_node_requests(
 
 
 _HASH_STEP = CHUNK_BYTES  # a payload is hashed this much at a time, just before it is sent
+# From here the payload is hashed on the send-hash helper while it is sent in one call.  On
+# this 2-core VM, 4 MiB over loopback: ~1,120 us hashed a step at a time, ~700 us overlapped,
+# ~680 us unhashed (the send stalls while a step is hashed; overlapped, it never does).
+OVERLAP_MIN = CHUNK_BYTES
+_SEND_HASH = HelperThread("mooncake-send-hash")
 
 
 def write_hashed(
     write: Callable[[memoryview], object], payload: Buffer, hasher: Hasher | None
 ) -> None:
-    """Send `payload` (a buffer, or parts sent in order) with `write`; with a hasher, in steps
-    that are hashed first, so the send reads them from cache instead of memory."""
+    """Send `payload` (a buffer, or parts sent in order) with `write`, feeding `hasher` every
+    byte in order.  From OVERLAP_MIN bytes, when the process's send-hash helper is free, the
+    helper hashes the payload while `write` sends it whole (both release the GIL), and the
+    call returns once both are done; otherwise in steps that are hashed first, so the send
+    reads them from cache instead of memory."""
     if not isinstance(payload, memoryview):
         for part in payload:
             write_hashed(write, part, hasher)
         return
     if hasher is None:
         write(payload)
+        return
+    if len(payload) >= OVERLAP_MIN and _SEND_HASH.start(partial(hasher.update, payload)):
+        try:
+            write(payload)
+        except BaseException:
+            try:
+                _SEND_HASH.wait()  # the hasher is the caller's again only once it is done
+            except Exception:
+                pass  # the send's failure is the one to report
+            raise
+        _SEND_HASH.wait()
         return
     for start in range(0, len(payload), _HASH_STEP):
         piece = payload[start : start + _HASH_STEP]
