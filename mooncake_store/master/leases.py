@@ -36,17 +36,19 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from mooncake_store.common.errors import (
     InvalidValueError,
     MooncakeError,
+    NoSpaceError,
     ObjectConflictError,
     ObjectNotFoundError,
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.objects import ObjectMeta
+from mooncake_store.master.placement import choose_segments
 
 if TYPE_CHECKING:
     from mooncake_store.master.object_table import ObjectTable, PutStartOutcome
@@ -85,6 +87,44 @@ def grant_leases(
         table.counters["leases_granted"] = table.counters.get("leases_granted", 0) + 1
         out.append((key, outcome))
     return out
+
+
+def lease_start(
+    table: ObjectTable,
+    key: str,
+    size_bytes: int,
+    wanted: int,
+    fast: list[Segment],
+    usable: list[Segment],
+    extent: int,
+    lease_room: Callable[[Segment], bool],
+    owner: int,
+) -> PutStartOutcome:
+    """put_start of an allocation lease: free room in segments `lease_room` accepts, on
+    as many nodes as a plain put would get (it takes free room first), or NoSpaceError.
+    `usable`: the segments puts may go to, `fast` and those mounting (mounted a moment
+    ago, not writable yet).  While one is mounting, no lease on fewer nodes than `wanted`
+    and the nodes with room for it allow: a lease outlives that moment, and every put into
+    it would be acknowledged short of replicas that a node is about to have room for
+    (`leases_refused_mounting`)."""
+    could = len(choose_segments(fast, extent, wanted))
+    chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
+    if not chosen or len(chosen) < could:
+        raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
+    roomy: set[str] = set()  # the nodes a lease could have in a moment
+    if len(fast) < len(usable):
+        roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
+    if len(chosen) < min(wanted, len(roomy)):
+        table.counters["leases_refused_mounting"] += 1
+        raise NoSpaceError(
+            f"a lease would have {len(chosen)} of {wanted} replicas while nodes are mounting"
+        )
+    outcome = table._allocate(key, size_bytes, chosen, extent, table._clock(), wanted, owner)
+    table._lease_keys.add(key)
+    for seg in chosen:
+        seg.leases += 1
+        seg.leased_bytes += extent
+    return outcome
 
 
 def put_leased(

@@ -29,7 +29,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.common.keys import validate_key
 from mooncake_store.master.columns import COMMITTING, COMPLETE, PROCESSING
-from mooncake_store.master.leases import leases_pending
+from mooncake_store.master.leases import lease_start, leases_pending
 from mooncake_store.master.membership import REMOUNT_HOLD_S
 from mooncake_store.master.objects import ObjectMeta, Replica
 from mooncake_store.master.placement import choose_segments
@@ -183,9 +183,10 @@ class PutLifecycle(EvictionVictims):
         # Free space is anyone's; only eviction of committed blocks is bounded: pending puts
         # may hold (and evict for) at most max_pending_share of a pool.
         if lease_room is not None:
-            return self._lease_start(
-                key, size_bytes, wanted, fast, usable, extent, lease_room, owner
-            )
+            return lease_start(
+                cast("ObjectTable", self), key, size_bytes, wanted, fast, usable, extent,
+                lease_room, owner,
+            )  # fmt: skip
         chosen = choose_segments(fast, extent, wanted, preferred)
         if not chosen and not evict:
             raise NoSpaceError(f"no store node has {extent} free bytes for {key!r}")
@@ -229,43 +230,6 @@ class PutLifecycle(EvictionVictims):
         if slot is None or self._state[slot] == COMPLETE:
             return 0
         return self._attempt.get(slot, (0, 0))[0]
-
-    def _lease_start(
-        self,
-        key: str,
-        size_bytes: int,
-        wanted: int,
-        fast: list[Segment],
-        usable: list[Segment],
-        extent: int,
-        lease_room: Callable[[Segment], bool],
-        owner: int,
-    ) -> PutStartOutcome:
-        """put_start of an allocation lease: free room in segments `lease_room` accepts, on
-        as many nodes as a plain put would get (it takes free room first), or NoSpaceError.
-        `usable`: the segments puts may go to, `fast` and those mounting (mounted a moment
-        ago, not writable yet).  While one is mounting, no lease on fewer nodes than `wanted`
-        and the nodes with room for it allow: a lease outlives that moment, and every put into
-        it would be acknowledged short of replicas that a node is about to have room for
-        (`leases_refused_mounting`)."""
-        could = len(choose_segments(fast, extent, wanted))
-        chosen = choose_segments([s for s in fast if lease_room(s)], extent, wanted)
-        if not chosen or len(chosen) < could:
-            raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
-        roomy: set[str] = set()  # the nodes a lease could have in a moment
-        if len(fast) < len(usable):
-            roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
-        if len(chosen) < min(wanted, len(roomy)):
-            self.counters["leases_refused_mounting"] += 1
-            raise NoSpaceError(
-                f"a lease would have {len(chosen)} of {wanted} replicas while nodes are mounting"
-            )
-        outcome = self._allocate(key, size_bytes, chosen, extent, self._clock(), wanted, owner)
-        self._lease_keys.add(key)
-        for seg in chosen:
-            seg.leases += 1
-            seg.leased_bytes += extent
-        return outcome
 
     def _allocate(
         self,
