@@ -275,7 +275,7 @@ class SegmentSpec(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., inventory: _Optional[_Iterable[_Union[InventoryItem, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments", "remount", "generation_seen", "master_run")
+    __slots__ = ("node_id", "incarnation", "endpoint", "shm_socket", "control_endpoint", "secret", "segments", "remount", "generation_seen", "master_run", "nonce")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,7 @@ class MountSegmentRequest(_message.Message):
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_SEEN_FIELD_NUMBER: _ClassVar[int]
     MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     endpoint: str
@@ -296,23 +297,28 @@ class MountSegmentRequest(_message.Message):
     remount: bool
     generation_seen: int
     master_run: int
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ..., generation_seen: _Optional[int] = ..., master_run: _Optional[int] = ...) -> None: ...
+    nonce: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ..., generation_seen: _Optional[int] = ..., master_run: _Optional[int] = ..., nonce: _Optional[int] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature", "master_run")
+    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature", "master_run", "master_time_ms", "time_signature")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_PORT_FIELD_NUMBER: _ClassVar[int]
     FENCES_FIELD_NUMBER: _ClassVar[int]
     FENCES_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TIME_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     status: Status
     heartbeat_interval_s: float
     liveness_port: int
     fences: _containers.RepeatedCompositeFieldContainer[WriteFence]
     fences_signature: str
     master_run: int
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ...) -> None: ...
+    master_time_ms: int
+    time_signature: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ..., master_time_ms: _Optional[int] = ..., time_signature: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "incarnation", "nonce")

@@ -353,7 +353,8 @@ def master_time_signed(
 
 class RequestVerifier:
     """A node's check of the master's control requests: signed with the node incarnation's
-    control key, stamped within SIGNATURE_WINDOW_S of the node's clock, and never seen before
+    control key, stamped within SIGNATURE_WINDOW_S of `clock` (on a node: the master's clock as
+    it reads it from heartbeat and mount replies, node/master_clock.py), and never seen before
     (a replayed request is refused)."""
 
     def __init__(self, key: bytes, *, clock: object = time.time) -> None:
@@ -377,8 +378,9 @@ class RequestVerifier:
             raise AccessDeniedError(f"{method} is not signed by this node's master")
         if abs(now - stamp_ms / 1000) > SIGNATURE_WINDOW_S:
             raise AccessDeniedError(
-                f"{method} signature is {now - stamp_ms / 1000:+.0f}s off this node's clock "
-                f"(limit {SIGNATURE_WINDOW_S:g}s): synchronise the clocks"
+                f"{method} signature is {now - stamp_ms / 1000:+.0f}s off the master's clock as "
+                f"this node reads it (limit {SIGNATURE_WINDOW_S:g}s): a request replayed, or "
+                "the master's clock stepped since its last reply to this node"
             )
         if mac in self._seen:
             raise AccessDeniedError(f"{method} request replayed")

@@ -72,15 +72,21 @@ class Heartbeats:
         return None if known is None else known[1]
 
 
-def master_time_reply(request: pb.HeartbeatRequest, key: bytes | None) -> pb.HeartbeatResponse:
-    """An OK heartbeat reply carrying the master's wall time, signed with the node's control key
-    (when it has one) over the request's nonce (node/master_clock.py)."""
+def signed_master_time(
+    key: bytes | None, node_id: str, incarnation: int, nonce: int
+) -> tuple[int, str]:
+    """The master's wall time now (ms) and its signature with the node's control key over the
+    request's nonce ("" for a node without one): what a heartbeat or mount reply carries for
+    the node's clock of the master (node/master_clock.py)."""
     now_ms = int(time.time() * 1000)
-    signature = (
-        sign_master_time(key, request.node_id, request.incarnation, request.nonce, now_ms)
-        if key is not None
-        else ""
-    )
+    if key is None:
+        return now_ms, ""
+    return now_ms, sign_master_time(key, node_id, incarnation, nonce, now_ms)
+
+
+def master_time_reply(request: pb.HeartbeatRequest, key: bytes | None) -> pb.HeartbeatResponse:
+    """An OK heartbeat reply carrying the master's signed wall time (`signed_master_time`)."""
+    now_ms, signature = signed_master_time(key, request.node_id, request.incarnation, request.nonce)
     return pb.HeartbeatResponse(
         status=pb.Status(code=OK), master_time_ms=now_ms, time_signature=signature
     )

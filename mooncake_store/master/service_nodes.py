@@ -26,7 +26,7 @@ from mooncake_store.common.errors import (
 )
 from mooncake_store.master.access import Caller
 from mooncake_store.master.generations import past_earlier_run
-from mooncake_store.master.liveness import master_time_reply
+from mooncake_store.master.liveness import master_time_reply, signed_master_time
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 from mooncake_store.master.service_base import _OK, ServicerBase, _status
 
@@ -165,10 +165,13 @@ class NodeMethods(ServicerBase):
         if self.fence_soon is not None and self.table.awaiting_first_fence([node.node_id]):
             self.fence_soon(node.node_id)  # its first fence of this run opens it to puts
         key = self.control_keys.get(node.node_id)
+        now_ms, time_signature = signed_master_time(
+            key, node.node_id, node.incarnation, request.nonce
+        )
         signature = ""
         if key is not None:  # signed as FenceWrites is: a node lowers its fence for no one else
             body = pb.FenceWritesRequest(fences=fences).SerializeToString(deterministic=True)
-            signature = sign_request(key, "MountFences", body, time.time())
+            signature = sign_request(key, "MountFences", body, now_ms / 1000)
         return pb.MountSegmentResponse(
             status=_OK,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
@@ -176,6 +179,8 @@ class NodeMethods(ServicerBase):
             fences=fences,
             fences_signature=signature,
             master_run=self.master_run,
+            master_time_ms=now_ms,
+            time_signature=time_signature,
         )
 
     def _generations_past(self, request: pb.MountSegmentRequest) -> MooncakeError | None:

@@ -17,6 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 
+# A reply to a request that took longer than this is off by up to half of it: it replaces no
+# reading from a quicker one (the next heartbeat brings a better one), but beats having none.
+LONG_ROUND_TRIP_S = 1.0
+
 
 class MasterClock:
     """`now_ms()`: the master's wall clock now, in milliseconds (see the module docstring)."""
@@ -38,6 +42,8 @@ class MasterClock:
             return  # a master that sends no time, or a clock that went wrong
         middle_ms = (sent_s + received_s) * 500.0
         with self._lock:
+            if self._offset_ms is not None and received_s - sent_s > LONG_ROUND_TRIP_S:
+                return  # says little of when the reply left (a mount that waited for its master)
             self._offset_ms = master_ms - middle_ms
 
     def now_ms(self) -> int:

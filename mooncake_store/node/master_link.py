@@ -75,8 +75,8 @@ class MasterLink:
         time_key: Callable[[], bytes | None] | None = None,
     ) -> None:
         self.master = master
-        # Called with each OK heartbeat reply's master time and the request's send and reply
-        # times (monotonic): the node keeps the master's clock (node/master_clock.py).  With
+        # Called with each OK heartbeat or mount reply's master time and the request's send
+        # and reply times (monotonic): the node keeps the master's clock (master_clock.py).  With
         # a control key (`time_key`; None: the node has no token), only a time the master
         # signed over the request's nonce is taken.
         self._on_master_time = on_master_time
@@ -209,6 +209,8 @@ class MasterLink:
             request = self._build_mount()
             request.remount = again  # the master holds the room of a mount new to it back
             request.master_run = self.master_run  # another run starts past generation_seen
+            request.nonce = secrets.randbits(63)  # the reply's master time is for this request
+            sent = time.monotonic()
             reply = self._stub.MountSegment(
                 request,
                 timeout=timeout_s,
@@ -232,6 +234,7 @@ class MasterLink:
             return False
         self.refusal = ""
         self.master_run = reply.master_run
+        self._take_master_time(request.nonce, reply, sent)  # before the fences are checked
         if self._on_fences is not None:  # fences it cannot take (unsigned) are owed still
             self.fences_owed = not self._on_fences(list(reply.fences), reply.fences_signature)
         else:
@@ -312,14 +315,23 @@ class MasterLink:
             if self.mounted.is_set():
                 log.warning("heartbeat to %s failed: %s", self.master, exc.code().name)
             return None
-        if self._on_master_time is not None and reply.status.code == OK and reply.master_time_ms:
-            key = self._time_key()
-            if key is None or master_time_signed(
-                key, self.node_id, self.incarnation, request.nonce, reply.master_time_ms,
-                reply.time_signature,
-            ):  # fmt: skip
-                self._on_master_time(reply.master_time_ms, sent, time.monotonic())
+        if reply.status.code == OK:
+            self._take_master_time(request.nonce, reply, sent)
         return reply  # type: ignore[no-any-return]
+
+    def _take_master_time(
+        self, nonce: int, reply: pb.HeartbeatResponse | pb.MountSegmentResponse, sent: float
+    ) -> None:
+        """Pass the master's time in an OK reply to a request sent at `sent` (monotonic) with
+        `nonce` on to the node's clock of the master; with a control key, only a time the
+        master signed over that nonce."""
+        if self._on_master_time is None or not reply.master_time_ms:
+            return
+        key = self._time_key()
+        if key is None or master_time_signed(
+            key, self.node_id, self.incarnation, nonce, reply.master_time_ms, reply.time_signature
+        ):
+            self._on_master_time(reply.master_time_ms, sent, time.monotonic())
 
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""

@@ -41,6 +41,7 @@ from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.gpu import GpuHandoff, GpuTier
 from mooncake_store.node.grpc_data import DataServicer
+from mooncake_store.node.master_clock import MasterClock
 from mooncake_store.node.master_link import MasterLink
 from mooncake_store.node.memory import available_memory_bytes, memory_problem, progress_logger
 from mooncake_store.node.metrics import node_registry
@@ -286,7 +287,13 @@ class StoreNode:
         node_secret = node_secret_of(token)
         self.token = token
         self.secret = grant_key(node_secret, self.node_id, self.incarnation)
-        self.verifier = RequestVerifier(control_key(node_secret, self.node_id, self.incarnation))
+        # Control requests are stamped with the master's wall clock: checked against the
+        # master's clock as this node follows it (master_clock.py), not the node's own.
+        clock = self.access.gate.clock if self.access is not None else MasterClock()
+        self.verifier = RequestVerifier(
+            control_key(node_secret, self.node_id, self.incarnation),
+            clock=lambda: clock.now_ms() / 1000,
+        )
         if self.access is not None:
             self.access.secret = self.secret
         if self.control is not None:

@@ -34,3 +34,36 @@ def test_grants_of_a_master_whose_clock_stepped_back_are_honoured(tmp_path):
             time.sleep(1.0)
             store.put("after", value)
             assert store.get("after") == value
+
+
+@pytest.mark.parametrize("offset_s", [-90, 90])
+def test_a_node_mounts_and_takes_fences_from_a_master_a_minute_and_a_half_off(tmp_path, offset_s):
+    """Control requests and a mount reply's fences are stamped with the master's wall clock and
+    checked within 60 s: against the master's clock as the node reads it (from the signed time
+    in the mount reply, then heartbeats), not the node's own.  With the master 90 s off from
+    its first start, the node took no fences (every write refused) before that; then the clock
+    steps 90 s the other way while puts of leases and plain puts go on, ending fences."""
+    chaos = chaos_script()
+    libfaketime = chaos.find_libfaketime()
+    if libfaketime is None:
+        pytest.skip("libfaketime is not installed (scripts/install-deps.sh installs it)")
+    args = ["--heartbeat-interval", "200ms", "--put-timeout", "5s", "--lease-ttl", "5s"]
+    cluster = chaos.ChaosCluster(str(tmp_path), libfaketime=libfaketime, nodes=1,
+                                 dram="32MiB", master_args=args)  # fmt: skip
+    cluster.step_clock(offset_s)  # before the master starts: its first mount reply is off too
+    with cluster:
+        for local_shm in (False, True):
+            with Client(cluster.master_address, local_shm=local_shm, timeout_s=5) as store:
+                value = os.urandom(200_000)
+                for i in range(20):
+                    store.put(f"k{local_shm}{i}", value)
+                assert all(store.get(f"k{local_shm}{i}") == value for i in range(20))
+                store.remove_many([f"k{local_shm}{i}" for i in range(10)])
+        cluster.step_clock(0)  # 90 s the other way, while the node runs
+        time.sleep(1.0)
+        with Client(cluster.master_address, local_shm=False, timeout_s=5) as store:
+            for i in range(20):
+                store.put(f"after{i}", value)
+            assert store.get("after19") == value and store.get("kTrue19") == value
+        log = (cluster.log_dir / "node-0.log").read_text()
+        assert "off the master's clock" not in log, log[-2000:]

@@ -3,6 +3,7 @@ payload on one while it is sent (client/tcp_wire.py write_hashed)."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import threading
@@ -91,7 +92,7 @@ def test_a_hashed_send_sends_every_byte_in_order_and_hashes_what_it_sent(size):
 def test_parts_of_any_length_hash_as_one_object():
     whole = _payload(5 * CHUNK_BYTES + 123)
     cuts = [0, 700_001, 700_001 + 2 * CHUNK_BYTES + 5, 4 * CHUNK_BYTES, len(whole)]
-    parts = [whole[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    parts = [whole[a:b] for a, b in itertools.pairwise(cuts)]
     sink, hasher = _Sink(), ChunkedHasher()
     tcp_wire.write_hashed(sink, parts, hasher)
     assert bytes(sink.data) == whole.tobytes() and hasher.intdigest() == checksum(whole)

@@ -50,3 +50,41 @@ def test_a_node_takes_only_the_time_its_master_signed_for_this_request():
     assert not master_time_signed(other, "node-0", 7, 12345, 1_700_000_000_000, signature)
     assert not master_time_signed(key, "node-0", 7, 12345, 1_700_000_000_000, "")
     assert not master_time_signed(key, "node-0", 7, 12345, 1_700_000_000_000, "zz")
+
+
+def test_a_slow_reply_replaces_no_reading_from_a_quick_one_but_beats_none():
+    """A mount that waited seconds for its master says little of when the reply left (off by
+    up to half the wait): it seeds a clock that has no reading, and changes none that has."""
+    c = Clocks()
+    clock = MasterClock(lambda: c.mono, lambda: c.wall)
+    clock.observe(1_699_999_910_000, 90.0, 100.0)  # 10 s round trip, and nothing better yet
+    assert clock.now_ms() == 1_699_999_910_000 + 5_000
+    clock.observe(1_699_999_910_000, 99.99, 100.01)  # a quick reply replaces it
+    assert clock.now_ms() == 1_699_999_910_000
+    clock.observe(1_700_000_000_000, 98.0, 100.0)  # a slow one does not
+    assert clock.now_ms() == 1_699_999_910_000
+
+
+def test_control_requests_are_checked_against_the_masters_clock_not_the_nodes():
+    """A node checks the stamp of the master's control requests (FenceWrites, Fetch, Release,
+    a mount reply's fences) against its clock of the master: a master 90 s behind the node
+    (a step, a skewed host) is still within the 60 s window, and a request replayed from a
+    minute before is not."""
+    import pytest
+
+    from mooncake_store.common.auth import RequestVerifier, sign_request
+    from mooncake_store.common.errors import AccessDeniedError
+
+    c = Clocks()
+    clock = MasterClock(lambda: c.mono, lambda: c.wall)
+    master_now_s = c.wall - 90
+    verifier = RequestVerifier(b"k" * 32, clock=lambda: clock.now_ms() / 1000)
+    early = sign_request(b"k" * 32, "FenceWrites", b"body", master_now_s)
+    with pytest.raises(AccessDeniedError, match=r"\+90s off the master's clock"):
+        verifier.verify("FenceWrites", b"body", early)  # no reading yet: the node's own clock
+    clock.observe(int(master_now_s * 1000), 99.99, 100.01)
+    verifier.verify("FenceWrites", b"body", sign_request(b"k" * 32, "FenceWrites", b"body",
+                                                         master_now_s))  # fmt: skip
+    stale = sign_request(b"k" * 32, "FenceWrites", b"body", master_now_s - 61)
+    with pytest.raises(AccessDeniedError, match="off the master's clock"):
+        verifier.verify("FenceWrites", b"body", stale)
