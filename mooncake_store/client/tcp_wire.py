@@ -62,31 +62,38 @@ def plan_node_requests(
 
 
 _HASH_STEP = CHUNK_BYTES  # a payload is hashed this much at a time, just before it is sent
-# From here the payload is hashed on the send-hash helper while it is sent in one call.  On
-# this 2-core VM, 4 MiB over loopback: ~1,120 us hashed a step at a time, ~700 us overlapped,
-# ~680 us unhashed (the send stalls while a step is hashed; overlapped, it never does).
-OVERLAP_MIN = CHUNK_BYTES
+# From here the payload is hashed on the send-hash helper while it is sent.  On this 2-core
+# VM, 4 MiB over loopback: ~1,120 us hashed a step at a time, ~700 us overlapped, ~680 us
+# unhashed (the send stalls while a step is hashed; overlapped, it never does).  A put of one
+# chunk gains nothing (the hand-off costs what the overlap saves: scripts/bench_send_hash.py).
+OVERLAP_MIN = 2 * CHUNK_BYTES
+# What one `write` sends at most: a socket's timeout bounds one call, so a big value is never
+# one call that must end within it.
+SEND_STEP = 4 * CHUNK_BYTES
 _SEND_HASH = HelperThread("mooncake-send-hash")
 
 
 def write_hashed(
     write: Callable[[memoryview], object], payload: Buffer, hasher: Hasher | None
 ) -> None:
-    """Send `payload` (a buffer, or parts sent in order) with `write`, feeding `hasher` every
-    byte in order.  From OVERLAP_MIN bytes, when the process's send-hash helper is free, the
-    helper hashes the payload while `write` sends it whole (both release the GIL), and the
-    call returns once both are done; otherwise in steps that are hashed first, so the send
-    reads them from cache instead of memory."""
+    """Send `payload` (a buffer, or parts sent in order) with `write`, in steps of at most
+    SEND_STEP bytes (a socket's timeout bounds each step, not the whole value), feeding
+    `hasher` every byte in order.  From OVERLAP_MIN bytes, when the process's send-hash helper
+    is free, the helper hashes the payload while the steps go out, and the call returns once
+    both are done; otherwise each step is hashed just before it is sent, so the send reads it
+    from cache instead of memory."""
     if not isinstance(payload, memoryview):
         for part in payload:
             write_hashed(write, part, hasher)
         return
-    if hasher is None:
-        write(payload)
-        return
-    if len(payload) >= OVERLAP_MIN and _SEND_HASH.start(partial(hasher.update, payload)):
+    if (
+        hasher is not None
+        and len(payload) >= OVERLAP_MIN
+        and _SEND_HASH.start(partial(hasher.update, payload))
+    ):
         try:
-            write(payload)
+            for start in range(0, len(payload), SEND_STEP):
+                write(payload[start : start + SEND_STEP])
         except BaseException:
             try:
                 _SEND_HASH.wait()  # the hasher is the caller's again only once it is done
@@ -95,9 +102,11 @@ def write_hashed(
             raise
         _SEND_HASH.wait()
         return
-    for start in range(0, len(payload), _HASH_STEP):
-        piece = payload[start : start + _HASH_STEP]
-        hasher.update(piece)
+    step = SEND_STEP if hasher is None else _HASH_STEP
+    for start in range(0, len(payload), step):
+        piece = payload[start : start + step]
+        if hasher is not None:
+            hasher.update(piece)
         write(piece)
 
 

@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 
-# A reply to a request that took longer than this is off by up to half of it: it replaces no
-# reading from a quicker one (the next heartbeat brings a better one), but beats having none.
+# A mount reply is off by up to half its round trip, and a mount may wait long for its master
+# (`wait_for_ready`): one that took longer than this replaces no reading (the next heartbeat
+# brings a better one), but beats having none.
 LONG_ROUND_TRIP_S = 1.0
 
 
@@ -35,15 +36,20 @@ class MasterClock:
         self._offset_ms: float | None = None  # master wall ms - node monotonic ms
         self._lock = threading.Lock()  # observed on the link's thread, read on the loop
 
-    def observe(self, master_ms: int, sent_s: float, received_s: float) -> None:
+    def observe(
+        self, master_ms: int, sent_s: float, received_s: float, *, mount: bool = False
+    ) -> None:
         """A reply that left the master at `master_ms` (its wall clock) came back to a request
-        sent at `sent_s` and answered at `received_s` (this node's monotonic clock)."""
+        sent at `sent_s` and answered at `received_s` (this node's monotonic clock).  Every
+        heartbeat reply is taken (so a step of the master's clock is followed at the next one,
+        however slow the replies); a `mount` reply slower than LONG_ROUND_TRIP_S only when
+        there is no reading yet."""
         if master_ms <= 0 or received_s < sent_s:
             return  # a master that sends no time, or a clock that went wrong
         middle_ms = (sent_s + received_s) * 500.0
         with self._lock:
-            if self._offset_ms is not None and received_s - sent_s > LONG_ROUND_TRIP_S:
-                return  # says little of when the reply left (a mount that waited for its master)
+            if mount and self._offset_ms is not None and received_s - sent_s > LONG_ROUND_TRIP_S:
+                return
             self._offset_ms = master_ms - middle_ms
 
     def now_ms(self) -> int:

@@ -71,12 +71,13 @@ class MasterLink:
         mount_timeout_s: float = 5.0,
         on_fences: Callable[[Sequence[pb.WriteFence] | None, str], bool] | None = None,
         on_mounting: Callable[[bool], None] | None = None,
-        on_master_time: Callable[[int, float, float], None] | None = None,
+        on_master_time: Callable[..., None] | None = None,
         time_key: Callable[[], bytes | None] | None = None,
     ) -> None:
         self.master = master
         # Called with each OK heartbeat or mount reply's master time and the request's send
-        # and reply times (monotonic): the node keeps the master's clock (master_clock.py).  With
+        # and reply times (monotonic), and `mount=True` for a mount reply: the node keeps the
+        # master's clock (MasterClock.observe in master_clock.py).  With
         # a control key (`time_key`; None: the node has no token), only a time the master
         # signed over the request's nonce is taken.
         self._on_master_time = on_master_time
@@ -234,7 +235,7 @@ class MasterLink:
             return False
         self.refusal = ""
         self.master_run = reply.master_run
-        self._take_master_time(request.nonce, reply, sent)  # before the fences are checked
+        self._take_master_time(request.nonce, reply, sent, mount=True)  # before the fences
         if self._on_fences is not None:  # fences it cannot take (unsigned) are owed still
             self.fences_owed = not self._on_fences(list(reply.fences), reply.fences_signature)
         else:
@@ -320,7 +321,12 @@ class MasterLink:
         return reply  # type: ignore[no-any-return]
 
     def _take_master_time(
-        self, nonce: int, reply: pb.HeartbeatResponse | pb.MountSegmentResponse, sent: float
+        self,
+        nonce: int,
+        reply: pb.HeartbeatResponse | pb.MountSegmentResponse,
+        sent: float,
+        *,
+        mount: bool = False,
     ) -> None:
         """Pass the master's time in an OK reply to a request sent at `sent` (monotonic) with
         `nonce` on to the node's clock of the master; with a control key, only a time the
@@ -331,7 +337,7 @@ class MasterLink:
         if key is None or master_time_signed(
             key, self.node_id, self.incarnation, nonce, reply.master_time_ms, reply.time_signature
         ):
-            self._on_master_time(reply.master_time_ms, sent, time.monotonic())
+            self._on_master_time(reply.master_time_ms, sent, time.monotonic(), mount=mount)
 
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""

@@ -68,12 +68,14 @@ class _Sink:
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.data = bytearray()
+        self.pieces: list[int] = []  # the length of each write
         self.fail_after = fail_after
 
     def __call__(self, piece: memoryview) -> None:
         if self.fail_after is not None and len(self.data) + len(piece) > self.fail_after:
             raise BrokenPipeError("peer went away")
         self.data += piece
+        self.pieces.append(len(piece))
 
 
 @pytest.mark.parametrize("size", [CHUNK_BYTES - 1, CHUNK_BYTES, 3 * CHUNK_BYTES + 4097])
@@ -130,3 +132,81 @@ def test_a_failed_hash_fails_the_send():
     with pytest.raises(MemoryError, match="no room to hash"):
         tcp_wire.write_hashed(_Sink(), _payload(2 * CHUNK_BYTES), Broken())
     assert not tcp_wire._SEND_HASH.busy
+
+
+def test_every_step_of_a_send_is_at_most_a_chunk_so_a_socket_timeout_bounds_each():
+    """A socket's timeout bounds one `sendall`: a value sent in one call would have to go out
+    whole within it (a slow link fails a big put that steps of a chunk each pass)."""
+    kept = tcp_wire.OVERLAP_MIN
+    for hasher in (ChunkedHasher(), None):
+        for overlap_min in (CHUNK_BYTES, 1 << 62):
+            tcp_wire.OVERLAP_MIN = overlap_min
+            sink = _Sink()
+            try:
+                tcp_wire.write_hashed(sink, _payload(5 * CHUNK_BYTES + 7), hasher)
+            finally:
+                tcp_wire.OVERLAP_MIN = kept
+            assert sum(sink.pieces) == 5 * CHUNK_BYTES + 7
+            assert max(sink.pieces) <= tcp_wire.SEND_STEP < 5 * CHUNK_BYTES
+
+
+def test_after_a_send_nothing_holds_the_callers_buffer():
+    """The helper keeps no reference to a payload once the send returns: the caller may resize
+    or free its buffer (a bytearray that is still exported cannot be cleared)."""
+    for size in (4 * CHUNK_BYTES, 3 * CHUNK_BYTES + 5):
+        buffer = bytearray(_payload(size).tobytes())
+        hasher = ChunkedHasher()
+        before = tcp_wire._SEND_HASH.jobs
+        tcp_wire.write_hashed(_Sink(), memoryview(buffer), hasher)
+        assert tcp_wire._SEND_HASH.jobs == before + 1
+        buffer.clear()  # BufferError while anything still holds a view of it
+
+
+def test_an_interrupt_while_waiting_is_raised_only_once_the_job_has_ended():
+    """A KeyboardInterrupt in `wait` (the helper still reading the caller's buffers) waits for
+    the job to end, then raises, and the helper is free for the next caller."""
+    import signal
+
+    helper = HelperThread("test-helper")
+    ended = threading.Event()
+
+    def job() -> None:
+        threading.Event().wait(0.3)
+        ended.set()
+
+    def interrupt(signum, frame):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert helper.start(job)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(KeyboardInterrupt):
+            helper.wait()
+        assert ended.is_set()  # not raised while the job ran
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not helper.busy and helper.start(lambda: 7) and helper.wait() == 7
+
+
+def _start_in_child(helper: HelperThread, out: multiprocessing.Queue) -> None:
+    out.put((helper.busy, helper.start(os.getpid) and helper.wait()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_child_forked_while_another_thread_holds_the_helper_gets_a_free_one():
+    helper = HelperThread("test-helper")
+    release = threading.Event()
+    assert helper.start(release.wait)  # another thread's send holds it at the fork
+    try:
+        ctx = multiprocessing.get_context("fork")
+        out: multiprocessing.Queue = ctx.Queue()
+        child = ctx.Process(target=_start_in_child, args=(helper, out))
+        child.start()
+        busy_in_child, got = out.get(timeout=10)
+        child.join(10)
+    finally:
+        release.set()
+        helper.wait()
+    assert busy_in_child is False and got == child.pid

@@ -52,17 +52,25 @@ def test_a_node_takes_only_the_time_its_master_signed_for_this_request():
     assert not master_time_signed(key, "node-0", 7, 12345, 1_700_000_000_000, "zz")
 
 
-def test_a_slow_reply_replaces_no_reading_from_a_quick_one_but_beats_none():
+def test_a_slow_mount_reply_replaces_no_reading_but_slow_heartbeats_are_followed():
     """A mount that waited seconds for its master says little of when the reply left (off by
-    up to half the wait): it seeds a clock that has no reading, and changes none that has."""
+    up to half the wait): it seeds a clock that has no reading, and changes none that has.
+    Heartbeat replies are always taken, however slow: else a master whose replies all took
+    over a second would never be followed through a step of its clock."""
     c = Clocks()
     clock = MasterClock(lambda: c.mono, lambda: c.wall)
-    clock.observe(1_699_999_910_000, 90.0, 100.0)  # 10 s round trip, and nothing better yet
+    clock.observe(1_699_999_910_000, 90.0, 100.0, mount=True)  # 10 s, and nothing better yet
     assert clock.now_ms() == 1_699_999_910_000 + 5_000
-    clock.observe(1_699_999_910_000, 99.99, 100.01)  # a quick reply replaces it
+    clock.observe(1_699_999_910_000, 99.99, 100.01)  # a heartbeat replaces it
     assert clock.now_ms() == 1_699_999_910_000
-    clock.observe(1_700_000_000_000, 98.0, 100.0)  # a slow one does not
+    clock.observe(1_700_000_000_000, 98.0, 100.0, mount=True)  # a slow mount does not
     assert clock.now_ms() == 1_699_999_910_000
+    clock.observe(1_700_000_001_000, 99.5, 100.5, mount=True)  # a quick one does
+    assert clock.now_ms() == 1_700_000_001_000
+    for i in range(10):  # heartbeats that each take 1.2 s, after a -90 s step of the master
+        c.mono += 1.2
+        clock.observe(1_699_999_911_000 + int(i * 1200), c.mono - 1.2, c.mono)
+    assert clock.now_ms() == 1_699_999_911_000 + 9 * 1200 + 600  # half the last round trip
 
 
 def test_control_requests_are_checked_against_the_masters_clock_not_the_nodes():
