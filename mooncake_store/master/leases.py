@@ -147,7 +147,8 @@ def put_leased(
     already stored (deduplicated; the lease, written already, is released).
 
     Raises (the lease is left as it is; the caller releases it):
-        ObjectNotFoundError: no such lease (expired, revoked, or the master restarted).
+        ObjectNotFoundError: no such lease (expired, revoked, or the master restarted), or
+            one `short_now` (the client puts the value again the two-phase way).
         InvalidValueError: `size_bytes` is not the lease's size, or a bad checksum.
         ObjectBusyError / IdentityMismatchError: as put_start would raise them.
         ObjectConflictError: `key` is stored with another checksum (not a duplicate).
@@ -181,6 +182,15 @@ def put_leased(
             release_lease(table, lease)
             return None
         table._delete(existing, 0.0)  # restored, but none of its nodes came back
+    wanted = replicas or table.config.default_replicas
+    if short_now(table, len(table._replicas(slot)), wanted):
+        table.counters["leased_puts_short_refused"] = (
+            table.counters.get("leased_puts_short_refused", 0) + 1
+        )
+        raise ObjectNotFoundError(
+            f"the lease has {len(table._replicas(slot))} of the {wanted} replicas asked for, and "
+            "more nodes take puts now: put the value the two-phase way"
+        )
     _rename(table, slot, lease, key)
     if parent_key:
         validate_key(parent_key, stored=True)
@@ -195,6 +205,14 @@ def put_leased(
         table._cold_set(slot, "soft_pin_until_s", now + soft_pin_ttl_s)
     table.counters["leased_puts"] = table.counters.get("leased_puts", 0) + 1
     return table.put_end(key, checksum, failed_segments)
+
+
+def short_now(table: ObjectTable, have: int, wanted: int) -> bool:
+    """Whether a lease with `have` replicas is short of what a put wanting `wanted` would get
+    now or once the nodes mounting took their first fence (the two-phase way waits for that:
+    service_puts.py): it was granted while the cluster had fewer nodes (one mounted since, or
+    came back), and a put into it would be acknowledged short of a replica for good."""
+    return have < wanted and have < min(wanted, len(table.put_nodes()[1]))
 
 
 def release_lease(table: ObjectTable, lease: str) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store.common.grant import GrantMode
 from mooncake_store.master.lease_stock import Class, LeaseStock, Stocked
-from mooncake_store.master.leases import grant_leases, release_lease
+from mooncake_store.master.leases import grant_leases, release_lease, short_now
 from mooncake_store.master.service_base import ServicerBase, _location
 
 MAX_CLASSES_PER_CALL = 16
@@ -25,7 +25,8 @@ class LeaseMethods(ServicerBase):
 
     def _lease_usable(self, lease: Stocked) -> bool:
         """Still an unused lease, with every replica it was granted on a node offered to puts
-        (not suspect, dropped or draining): where a lease minted now could be."""
+        (not suspect, dropped or draining), and as many as a lease minted now would get
+        (`short_now`): where a lease minted now could be."""
         table = self.table
         slot = table._slot.get(lease.lease_id)
         if slot is None or lease.lease_id not in table._lease_keys:
@@ -33,6 +34,8 @@ class LeaseMethods(ServicerBase):
         replicas = table._replicas(slot)
         if len(replicas) != len(lease.message.replicas):  # one died with its node
             return False
+        if short_now(table, len(replicas), lease.message.wanted_replicas):
+            return False  # minted while fewer nodes were ready: a new one gets more
         for replica in replicas:
             seg = table._offered.get(replica.segment_id)
             if seg is None or seg.node_id in table.draining:

@@ -158,7 +158,7 @@ def test_control_requests_need_a_fresh_unreplayed_master_signature() -> None:
     ):
         with pytest.raises(AccessDeniedError, match="signed by this node's master"):
             verifier.verify(method, data, signature)
-    with pytest.raises(AccessDeniedError, match="off the master.s clock"):
+    with pytest.raises(AccessDeniedError, match="off the master's clock"):
         verifier.verify("Release", body, sign_request(key, "Release", body, clock.now - 120))
 
 

@@ -19,6 +19,7 @@ from mooncake_store.master.leases import (
     put_leased,
     release_all,
     release_lease,
+    short_now,
 )
 from mooncake_store.master.membership import REMOUNT_HOLD_S
 from mooncake_store.master.object_table import ObjectTable, TableConfig
@@ -252,4 +253,48 @@ def test_a_mounting_node_without_room_for_the_lease_does_not_hold_leases_back(cl
     t.mount(small, [(SegmentInfo(small, 200, Tier.DRAM, 256 * 1024), None)], remount=True)
     assert len(grant_leases(t, MiB, 2, 1, owner=1)[0][1].placements) == 1  # as after the hold
     assert t.counters["leases_refused_mounting"] == 0
+    t.validate()
+
+
+def test_a_put_would_be_short_while_a_node_that_gives_it_a_replica_awaits_its_first_fence(clock):
+    """The rule behind a plain put's wait for a mounting node (service_puts.py `_put_starts`):
+    only while a node that has not taken its first fence would give the put a replica that the
+    nodes ready now cannot."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
+    assert not t.short_while_mounting(2)  # nobody mounting
+    mount(t, "node-0", 100, 64 * MiB)
+    assert t.short_while_mounting(1)  # the only node is not ready yet
+    for seg, floor, open_ in t.take_fences():
+        t.fence_acked(seg, floor, open_)
+    assert not t.short_while_mounting(2)  # one node in all: nothing to wait for
+    mount(t, "node-1", 200, 64 * MiB)
+    mount(t, "node-2", 300, 64 * MiB)
+    assert t.short_while_mounting(2) and t.short_while_mounting(3)
+    assert not t.short_while_mounting(1)  # node-0 gives it all it wants
+    for seg, floor, open_ in t.first_fences(["node-1"]):
+        t.fence_acked(seg, floor, open_)
+    assert not t.short_while_mounting(2) and t.short_while_mounting(3)
+    t.draining = {"node-2"}  # a node that drains gives no replica
+    assert not t.short_while_mounting(3)
+
+
+def test_a_lease_granted_short_is_refused_once_more_nodes_take_puts(clock):
+    """A lease minted while the cluster had one node ready has one replica; once a second node
+    takes puts, a put into it would be acknowledged short for good, so its commit is refused
+    (the client puts the value the two-phase way, and gets both) and it is not handed out."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
+    mount(t, "node-0", 100, 64 * MiB)
+    for seg, floor, open_ in t.take_fences():
+        t.fence_acked(seg, floor, open_)
+    (early, _), (kept, _) = grant_leases(t, MiB, 2, 2, owner=1)
+    assert put_leased(t, early, "while-alone", MiB, 7, replicas=2) is not None  # all there is
+    mount(t, "node-1", 200, 64 * MiB)  # its first fence not taken yet: a put waits for it
+    assert short_now(t, 1, 2) and not short_now(t, 1, 1) and not short_now(t, 2, 2)
+    for seg, floor, open_ in t.first_fences(["node-1"]):
+        t.fence_acked(seg, floor, open_)
+    assert short_now(t, 1, 2) and not short_now(t, 1, 1) and not short_now(t, 2, 2)
+    with pytest.raises(ObjectNotFoundError, match="1 of the 2 replicas"):
+        put_leased(t, kept, "after", MiB, 7, replicas=2)
+    assert "after" not in t._slot and t.counters["leased_puts_short_refused"] == 1
+    assert put_leased(t, kept, "one-wanted", MiB, 7, replicas=1) is not None  # one is enough
     t.validate()
