@@ -183,10 +183,8 @@ def put_leased(
             return None
         table._delete(existing, 0.0)  # restored, but none of its nodes came back
     wanted = replicas or table.config.default_replicas
-    if short_now(table, len(table._replicas(slot)), wanted):
-        table.counters["leased_puts_short_refused"] = (
-            table.counters.get("leased_puts_short_refused", 0) + 1
-        )
+    if short_now(table, lease, wanted):
+        table.counters["leased_puts_short_refused"] += 1
         raise ObjectNotFoundError(
             f"the lease has {len(table._replicas(slot))} of the {wanted} replicas asked for, and "
             "more nodes take puts now: put the value the two-phase way"
@@ -207,12 +205,20 @@ def put_leased(
     return table.put_end(key, checksum, failed_segments)
 
 
-def short_now(table: ObjectTable, have: int, wanted: int) -> bool:
-    """Whether a lease with `have` replicas is short of what a put wanting `wanted` would get
-    now or once the nodes mounting took their first fence (the two-phase way waits for that:
-    service_puts.py): it was granted while the cluster had fewer nodes (one mounted since, or
-    came back), and a put into it would be acknowledged short of a replica for good."""
-    return have < wanted and have < min(wanted, len(table.put_nodes()[1]))
+def short_now(table: ObjectTable, lease: str, wanted: int) -> bool:
+    """Whether lease `lease` has fewer replicas than `wanted` while a node that does not hold
+    one of them could take the value now or once it took its first fence (the two-phase way
+    waits for that: service_puts.py): the lease was granted while the cluster had fewer nodes
+    with room (one mounted since, came back, or freed room), and a put into it would be
+    acknowledged short of a replica for good."""
+    slot = table._slot.get(lease)
+    if slot is None:
+        return False
+    replicas = table._replicas(slot)
+    if len(replicas) >= wanted:
+        return False
+    mine = {seg.node_id for r in replicas if (seg := table._offered.get(r.segment_id))}
+    return bool(table.put_nodes(table._size[slot])[1] - mine)
 
 
 def release_lease(table: ObjectTable, lease: str) -> bool:

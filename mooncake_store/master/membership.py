@@ -292,9 +292,10 @@ class Membership(InventoryReconciliation):
         (generations.py): a later run on a restored data directory would reuse them."""
         return bool(self.awaiting_nodes(nodes))
 
-    def put_nodes(self) -> tuple[set[str], set[str]]:
-        """The nodes a put may be placed on now (a DRAM segment offered, not draining, not
-        holding its room after a remount, its first fence taken), and those it may be in a
+    def put_nodes(self, size_bytes: int = 0) -> tuple[set[str], set[str]]:
+        """The nodes a put of `size_bytes` may be placed on now (a DRAM segment offered, not
+        draining, not holding its room after a remount, its first fence taken, and free room
+        for the value, as put_start takes it before any eviction), and those it may be in a
         moment (the same, mounting or not)."""
         now = self._clock()
         ready: set[str] = set()
@@ -302,18 +303,21 @@ class Membership(InventoryReconciliation):
         for seg in self._offered.values():
             if seg.tier is not Tier.DRAM or seg.node_id in self.draining:
                 continue
+            if size_bytes and seg.largest_free < seg.allocator.aligned(size_bytes):
+                continue
             soon.add(seg.node_id)
             if seg.writable_after <= now and seg.segment_id not in self._awaiting:
                 ready.add(seg.node_id)
         return ready, soon
 
-    def short_while_mounting(self, wanted: int) -> bool:
-        """Whether a put wanting `wanted` replicas would now get fewer nodes than it will once
-        the nodes awaiting their first fence took it (normally within milliseconds of their
-        mount): a put that started now would be acknowledged short of a replica for good."""
+    def short_while_mounting(self, wanted: int, size_bytes: int) -> bool:
+        """Whether a put of `size_bytes` wanting `wanted` replicas would now get fewer nodes
+        than it will once the nodes awaiting their first fence took it (normally within
+        milliseconds of their mount): a put started now would be acknowledged short of a
+        replica for good."""
         if not self._awaiting:
             return False
-        ready, soon = self.put_nodes()
+        ready, soon = self.put_nodes(size_bytes)
         return len(ready) < min(wanted, len(soon))
 
     def awaiting_nodes(self, nodes: Collection[str] = ()) -> set[str]:

@@ -150,7 +150,7 @@ class ObjectTable(ObjectReads):
                 "nodes_suspected", "replicas_dropped",
                 "evictions", "objects_adopted", "stale_frees", "put_ends_repeated",
                 "objects_corrupt", "replicas_corrupt", "corrupt_reports_refuted", "objects_lost",
-                "leases_refused_mounting",
+                "leases_refused_mounting", "leased_puts_short_refused", "puts_waited_for_mounting",
             ),
             0,
         )  # fmt: skip

@@ -403,15 +403,22 @@ class MasterServer:
         else:
             self._first_fence_after.pop(node_id, None)
 
-    async def _await_first_fences(self, node_ids: Collection[str], push: bool) -> None:
+    async def _await_first_fences(
+        self, node_ids: Collection[str], push: bool, *, fresh_only: bool = False
+    ) -> bool:
         """Wait (FIRST_FENCE_TIMEOUT_S at most) for the first fences in flight to `node_ids`;
-        `push`: push one to each that has none in flight first."""
+        `push`: push one to each that has none in flight first; `fresh_only`: only for nodes
+        that let no push of it go untaken yet (one that did may be stalled: not worth a wait).
+        True when there was one to wait for."""
+        if fresh_only:
+            node_ids = [n for n in node_ids if n not in self._first_fence_after]
         if push:
             tasks = self._first_fences(node_ids, force=True)
         else:
             tasks = [t for n in node_ids if (t := self._first_fencing.get(n)) is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=FIRST_FENCE_TIMEOUT_S + FIRST_FENCE_DELAY_S)
+        return bool(tasks)
 
     def _fenced(self, task: asyncio.Task[None]) -> None:
         self._releases.discard(task)

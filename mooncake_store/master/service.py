@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -88,9 +88,10 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         #: of puts that ended uncommitted) waits for it before evicting (service_puts.py).
         self.fence_now: Callable[[], Awaitable[None]] | None = None
         #: Pushes a node its first fence of this run a moment from now (set by the server): a
-        #: mount asks for it.  `first_fences(nodes, push)` waits for those in flight (server.py).
+        #: mount asks for it.  `first_fences(nodes, push, fresh_only=False)` waits for those in
+        #: flight (server.py `_await_first_fences`).
         self.fence_soon: Callable[[str], None] | None = None
-        self.first_fences: Callable[[Collection[str], bool], Awaitable[None]] | None = None
+        self.first_fences: Callable[..., Awaitable[bool]] | None = None
         self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
         self._persisting: set[asyncio.Future[None]] = set()  # persist_dirty's writes in flight

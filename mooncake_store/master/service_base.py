@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
@@ -94,7 +94,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
     fence_soon: Callable[[str], None] | None  # a node's first fence, soon (server.py)
-    first_fences: Callable[[Collection[str], bool], Awaitable[None]] | None  # waits for them
+    first_fences: Callable[..., Awaitable[bool]] | None  # waits for them (server.py)
     master_run: int  # this master process's run: random, new at every start (generations.py)
     generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then

@@ -34,8 +34,9 @@ class LeaseMethods(ServicerBase):
         replicas = table._replicas(slot)
         if len(replicas) != len(lease.message.replicas):  # one died with its node
             return False
-        if short_now(table, len(replicas), lease.message.wanted_replicas):
-            return False  # minted while fewer nodes were ready: a new one gets more
+        wanted = lease.message.wanted_replicas or self.config.default_replicas
+        if short_now(table, lease.lease_id, wanted):
+            return False  # minted while fewer nodes had room: a put now gets more
         for replica in replicas:
             seg = table._offered.get(replica.segment_id)
             if seg is None or seg.node_id in table.draining:

@@ -89,10 +89,11 @@ class PutMethods(LeaseMethods):
         (membership.py `awaiting_first_fence`, normally for milliseconds: server.py
         `_first_fences`) goes elsewhere if it prefers none, but evicts nothing before that
         fence is in: one that finds no free room has it pushed (or waits for the push in
-        flight) and tries again; one that prefers such a node, or would get fewer replicas
-        without it (`short_while_mounting`: it would be acknowledged short for good), waits
-        for it first (FIRST_FENCE_TIMEOUT_S at most: a stalled node costs it that, then the
-        put goes on short).  Right after
+        flight) and tries again; one that prefers such a node waits for it first, and so does
+        one that would get fewer replicas without it (`short_while_mounting`: it would be
+        acknowledged short for good), unless a push of that fence went untaken already
+        (a stalled node costs the puts during its first push, FIRST_FENCE_TIMEOUT_S at most,
+        and no more: later puts go on short).  Right after
         a restart, before any node mounted again, a put waits for one (`_wait_for_nodes_back`)."""
         await self._wait_for_nodes_back(context)
         await self._retried_after_commit(items)
@@ -102,11 +103,16 @@ class PutMethods(LeaseMethods):
             evict = False
             preferred = {n for i in items for n in i.preferred_nodes}
             mine = self.table.awaiting_nodes(preferred) if preferred else set()
-            wanted = max(i.replicas or self.config.default_replicas for i in items)
-            if self.table.short_while_mounting(wanted):  # a replica it would never get
-                mine = self.table.awaiting_nodes()
             if mine:
                 await self.first_fences(mine, True)
+            elif any(
+                self.table.short_while_mounting(
+                    i.replicas or self.config.default_replicas, i.size_bytes
+                )
+                for i in items
+            ):  # a replica it would never get: wait, unless that node let a push go untaken
+                if await self.first_fences(self.table.awaiting_nodes(), True, fresh_only=True):
+                    self.table.counters["puts_waited_for_mounting"] += 1
         results = await self._put_starts_now(items, owner, evict)
         held = [n for n, r in enumerate(results) if r.status.code == NoSpaceError.code]
         if not held:

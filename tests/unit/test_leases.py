@@ -258,30 +258,32 @@ def test_a_mounting_node_without_room_for_the_lease_does_not_hold_leases_back(cl
 
 def test_a_put_would_be_short_while_a_node_that_gives_it_a_replica_awaits_its_first_fence(clock):
     """The rule behind a plain put's wait for a mounting node (service_puts.py `_put_starts`):
-    only while a node that has not taken its first fence would give the put a replica that the
-    nodes ready now cannot."""
+    only while a node that has not taken its first fence, and has room for the value, would
+    give the put a replica that the nodes ready now cannot."""
     t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
-    assert not t.short_while_mounting(2)  # nobody mounting
+    assert not t.short_while_mounting(2, MiB)  # nobody mounting
     mount(t, "node-0", 100, 64 * MiB)
-    assert t.short_while_mounting(1)  # the only node is not ready yet
+    assert t.short_while_mounting(1, MiB)  # the only node is not ready yet
     for seg, floor, open_ in t.take_fences():
         t.fence_acked(seg, floor, open_)
-    assert not t.short_while_mounting(2)  # one node in all: nothing to wait for
+    assert not t.short_while_mounting(2, MiB)  # one node in all: nothing to wait for
     mount(t, "node-1", 200, 64 * MiB)
     mount(t, "node-2", 300, 64 * MiB)
-    assert t.short_while_mounting(2) and t.short_while_mounting(3)
-    assert not t.short_while_mounting(1)  # node-0 gives it all it wants
+    assert t.short_while_mounting(2, MiB) and t.short_while_mounting(3, MiB)
+    assert not t.short_while_mounting(1, MiB)  # node-0 gives it all it wants
+    assert not t.short_while_mounting(2, 128 * MiB)  # no mounting node could hold it
     for seg, floor, open_ in t.first_fences(["node-1"]):
         t.fence_acked(seg, floor, open_)
-    assert not t.short_while_mounting(2) and t.short_while_mounting(3)
+    assert not t.short_while_mounting(2, MiB) and t.short_while_mounting(3, MiB)
     t.draining = {"node-2"}  # a node that drains gives no replica
-    assert not t.short_while_mounting(3)
+    assert not t.short_while_mounting(3, MiB)
 
 
 def test_a_lease_granted_short_is_refused_once_more_nodes_take_puts(clock):
     """A lease minted while the cluster had one node ready has one replica; once a second node
-    takes puts, a put into it would be acknowledged short for good, so its commit is refused
-    (the client puts the value the two-phase way, and gets both) and it is not handed out."""
+    takes puts, or will in a moment, a put into it would be acknowledged short for good, so its
+    commit is refused (the client puts the value the two-phase way, and gets both) and it is
+    not handed out."""
     t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
     mount(t, "node-0", 100, 64 * MiB)
     for seg, floor, open_ in t.take_fences():
@@ -289,12 +291,34 @@ def test_a_lease_granted_short_is_refused_once_more_nodes_take_puts(clock):
     (early, _), (kept, _) = grant_leases(t, MiB, 2, 2, owner=1)
     assert put_leased(t, early, "while-alone", MiB, 7, replicas=2) is not None  # all there is
     mount(t, "node-1", 200, 64 * MiB)  # its first fence not taken yet: a put waits for it
-    assert short_now(t, 1, 2) and not short_now(t, 1, 1) and not short_now(t, 2, 2)
+    assert short_now(t, kept, 2) and not short_now(t, kept, 1)
     for seg, floor, open_ in t.first_fences(["node-1"]):
         t.fence_acked(seg, floor, open_)
-    assert short_now(t, 1, 2) and not short_now(t, 1, 1) and not short_now(t, 2, 2)
+    assert short_now(t, kept, 2) and not short_now(t, kept, 1)
     with pytest.raises(ObjectNotFoundError, match="1 of the 2 replicas"):
         put_leased(t, kept, "after", MiB, 7, replicas=2)
     assert "after" not in t._slot and t.counters["leased_puts_short_refused"] == 1
     assert put_leased(t, kept, "one-wanted", MiB, 7, replicas=1) is not None  # one is enough
+    [(both, _)] = grant_leases(t, MiB, 2, 1, owner=1)
+    assert not short_now(t, both, 2)
+    t.validate()
+
+
+@pytest.mark.parametrize("case", ["segment too small", "node full"])
+def test_a_lease_short_only_of_nodes_without_room_is_committed(clock, case):
+    """Found by review: a node that cannot take the value (its segment too small, its pool
+    full) gives a two-phase put no replica either, so a lease without it is not short: refusing
+    it would turn every leased put into a wasted write and a two-phase put, for good."""
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True)
+    mount(t, "node-0", 100, 256 * MiB)
+    mount(t, "node-1", 200, 2 * MiB if case == "segment too small" else 16 * MiB)
+    for seg, floor, open_ in t.take_fences():
+        t.fence_acked(seg, floor, open_)
+    if case == "node full":
+        for i in range(4):  # node-1 full of committed blocks
+            commit(t, f"fill{i}", 4 * MiB, 2)
+    [(lease, outcome)] = grant_leases(t, 4 * MiB, 2, 1, owner=1)
+    assert len(outcome.placements) == 1 and not short_now(t, lease, 2)
+    assert put_leased(t, lease, "k", 4 * MiB, 7, replicas=2) is not None
+    assert t.counters.get("leased_puts_short_refused", 0) == 0
     t.validate()
