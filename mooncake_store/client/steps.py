@@ -34,9 +34,15 @@ _FUSE_CHUNK = CHUNK_BYTES  # a checksum chunk: in cache when hashed, big enough 
 _SPLIT_COPY = 8 << 20  # from here a second thread copies chunks from the back (below, the
 # one-pass kernel alone keeps up with memory: a second thread at 4 MiB slowed same-host gets,
 # whose copy runs while the master answers, from ~350 to ~390-500 us on the 2-core VM)
+_SPLIT_PUT = 4 << 20  # a put's copy into the pool: nothing else runs meanwhile; a second
+# thread took 4 and 6 MiB same-host puts from 611 to 567 us and 908 to 841 us in one A/B and from
+# 580 to 567 us and 759 to 712 us in another (medians of five interleaved rounds), at 2 MiB no
+# better
 
 
-def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None) -> int:
+def copy_checksum(
+    dest: memoryview, src: memoryview, guard: Guard | None = None, split_from: int = 0
+) -> int:
     """Copy `src` into `dest` (same length) and return the checksum of `dest`.  `guard` runs
     before the copy and before each of its 1 MiB steps (in both threads).
 
@@ -45,9 +51,10 @@ def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None)
     numpy and hashed while the chunk is in cache.  Both release the GIL, so the threads of one
     process copy in parallel.
 
-    From 8 MiB (`_SPLIT_COPY`), when the process's copy helper is free, it copies and hashes
-    the back half while this thread copies and hashes the front half (the chunks are
-    independent); busy (another thread of the process is using it), the copy stays here.
+    From `split_from` bytes (0: `_SPLIT_COPY`, 8 MiB), when the process's copy helper is free,
+    it copies and hashes the back half while this thread copies and hashes the front half (the
+    chunks are independent); busy (another thread of the process is using it), the copy stays
+    here.
     """
     n = len(src)
     if len(dest) != n:
@@ -57,7 +64,8 @@ def copy_checksum(dest: memoryview, src: memoryview, guard: Guard | None = None)
     if n <= _FUSE_CHUNK:
         return copy_digest(dest, src)
     half = n // 2 // _FUSE_CHUNK * _FUSE_CHUNK
-    split = half if n >= _SPLIT_COPY and _HELPER.start(dest, src, half, guard) else n
+    split_from = split_from or _SPLIT_COPY
+    split = half if n >= split_from and _HELPER.start(dest, src, half, guard) else n
     try:
         digests = _copy_hashed(copy_digest, dest[:split], src[:split], guard)
     finally:
@@ -141,7 +149,7 @@ def _region_and_parts(
     if len(parts) == 1:
         if into_parts:
             return copy_checksum(parts[0], region, guard)
-        return copy_checksum(region, parts[0], guard)
+        return copy_checksum(region, parts[0], guard, _SPLIT_PUT)
     n = sum(len(p) for p in parts)
     if n != len(region):
         raise ValueError(f"parts of {n} bytes for a region of {len(region)}")

@@ -202,3 +202,26 @@ def test_docs_errors_table_matches_the_code():
     for cls in vars(errors).values():
         if isinstance(cls, type) and issubclass(cls, errors.MooncakeError):
             assert f"| {cls.code} | `{cls.__name__}`" in table, cls.__name__
+
+
+def test_a_put_copy_takes_the_helper_from_4_mib_and_a_read_copy_from_8():
+    """A same-host put's copy into the pool splits from 4 MiB (nothing else runs meanwhile); a
+    read's copy out of it from 8 MiB (it runs while the master answers).  Both land whole."""
+    import numpy as np
+
+    from mooncake_store.client.steps import (
+        _HELPER,
+        _SPLIT_PUT,
+        copy_out_checksum,
+        copy_parts_into,
+    )
+    from mooncake_store.common.checksum import checksum
+
+    src = np.random.default_rng(5).integers(0, 256, _SPLIT_PUT + 12345, dtype=np.uint8)
+    pool = np.empty_like(src)
+    before = _HELPER.splits
+    assert copy_parts_into(memoryview(pool), [memoryview(src)]) == checksum(src)
+    assert np.array_equal(pool, src) and _HELPER.splits == before + 1
+    out = np.empty_like(src)
+    assert copy_out_checksum(memoryview(pool), [memoryview(out)]) == checksum(src)
+    assert np.array_equal(out, src) and _HELPER.splits == before + 1  # on one thread
