@@ -20,12 +20,21 @@ the page and waits `REMOUNT_GRACE_S` before mounting again (node/master_link.py)
 stalled between its check and the end of its copy for longer than that could still land late
 (the victim's checksum then fails: lost, never misread), as any shared-memory writer could.
 
+The page also shows the master's clock as the node follows it (node/master_clock.py), which
+write grants' expiries are in: a client checks a grant's expiry against it, not against its own
+host's wall clock, which may stand behind the master's (a copy past the expiry could land in
+room the master handed out again).  It is an offset from the monotonic clock, which a client on
+the node's host shares, with the node's own wall-minus-monotonic offset beside it: a client
+whose own differs by over `CLOCK_AGREEMENT_MS` (another time namespace, or a wall-clock step
+since the node last wrote) does not use it, and falls back to its wall clock.
+
 Layout, little-endian u64 words: `seq` (odd while the node writes), the mount fence's floor and
 open count, the pushed fence's floor (0: none yet) and open count, then the mount fence's open
-generations and the pushed fence's.  Open lists that do not fit are marked `OVERFLOW`: only
-generations at or above both floors are admitted then.  A reader retries while `seq` is odd or
-changes under it (a seqlock); the lock operations around the reads and writes order them on
-weakly ordered CPUs too.
+generations and the pushed fence's; the last two words of the page are the master's clock
+(master wall ms minus node monotonic ms; 0: unknown) and the node's wall ms minus monotonic ms.
+Open lists that do not fit are marked `OVERFLOW`: only generations at or above both floors are
+admitted then.  A reader retries while `seq` is odd or changes under it (a seqlock); the lock
+operations around the reads and writes order them on weakly ordered CPUs too.
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ NEVER = (1 << 64) - 1  # a floor nothing reaches: the mount fence of a closed se
 OVERFLOW = (1 << 64) - 1  # an open count: the lists did not fit
 PAGE_BYTES = 64 * 1024
 _HEADER = 5  # seq, mount floor, mount open count, pushed floor, pushed open count
-CAPACITY = PAGE_BYTES // 8 - _HEADER  # open generations the page holds, both lists together
+_CLOCK = PAGE_BYTES // 8 - 2  # the master's clock, then the node's wall offset (see above)
+CAPACITY = _CLOCK - _HEADER  # open generations the page holds, both lists together
+CLOCK_AGREEMENT_MS = 1000  # client and node wall-minus-monotonic offsets this close: one clock
 FENCE_ACK_GRACE_S = 0.05  # a pushed fence is acknowledged this long after it is published
 REMOUNT_GRACE_S = 0.5  # closed this long before mounting again
 _READ_TRIES = 10_000
@@ -100,6 +111,19 @@ class FencePage:
             _barrier()
             w[0] += 1
 
+    def publish_clock(self, master_offset_ms: float) -> None:
+        """Show the master's clock as the node follows it: master wall ms minus this host's
+        monotonic ms (node/master_clock.py), with the node's own wall offset now."""
+        own = time.time() * 1000 - time.monotonic() * 1000
+        with self._lock:
+            w = self._words
+            w[0] += 1
+            _barrier()
+            w[_CLOCK] = max(1, int(master_offset_ms))
+            w[_CLOCK + 1] = max(1, int(own))
+            _barrier()
+            w[0] += 1
+
     def close(self) -> None:
         if self.fd >= 0:
             del self._words
@@ -139,6 +163,29 @@ class FenceView:
             if attempt >= 8:
                 time.sleep(0)  # the writer may be waiting for this thread (or for a CPU)
         return False  # never a steady read: refuse (the write goes over TCP)
+
+    def master_now_ms(self) -> int | None:
+        """The master's wall clock now as the node follows it, in ms; None when the node shows
+        none (an older node, no heartbeat reply yet) or this process's clocks disagree with
+        the node's (see the module docstring)."""
+        if self._closed:
+            return None
+        w = self._words
+        for _ in range(_READ_TRIES):
+            seq = int(w[0])
+            if not seq & 1:
+                _barrier()
+                master, node_wall = int(w[_CLOCK]), int(w[_CLOCK + 1])
+                _barrier()
+                if int(w[0]) == seq:
+                    break
+            time.sleep(0)
+        else:
+            return None
+        mono_ms = time.monotonic() * 1000
+        if not master or abs(time.time() * 1000 - mono_ms - node_wall) > CLOCK_AGREEMENT_MS:
+            return None
+        return int(mono_ms + master)
 
     def close(self) -> None:
         """Unmap (idempotent); a reader still inside `admits` on another thread keeps the

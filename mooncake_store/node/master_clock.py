@@ -35,6 +35,9 @@ class MasterClock:
         self._wall = wall
         self._offset_ms: float | None = None  # master wall ms - node monotonic ms
         self._lock = threading.Lock()  # observed on the link's thread, read on the loop
+        # Called with each new offset (the node shows it to same-host clients in the fence
+        # page: common/shm_fence.py); on the thread that observed it.
+        self.watcher: Callable[[float], None] | None = None
 
     def observe(
         self, master_ms: int, sent_s: float, received_s: float, *, mount: bool = False
@@ -51,6 +54,8 @@ class MasterClock:
             if mount and self._offset_ms is not None and received_s - sent_s > LONG_ROUND_TRIP_S:
                 return
             self._offset_ms = master_ms - middle_ms
+            if self.watcher is not None:  # under the lock: shown in the order observed
+                self.watcher(self._offset_ms)
 
     def now_ms(self) -> int:
         with self._lock:

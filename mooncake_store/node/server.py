@@ -143,6 +143,7 @@ class StoreNode:
         self.access.gate.watcher = lambda seg, mount, pushed: (
             page.publish(mount, pushed) if seg == segment_id else None
         )  # same-host copies see every fence of the DRAM segment
+        self.access.gate.clock.watcher = page.publish_clock  # and the master's clock
         self.access.gate.close(self.segment_id)  # no client writes until the mount's fence
         self._loop = loop
         inventory_note = ""

@@ -159,3 +159,24 @@ def test_a_closed_view_admits_nothing_and_closes_once(page_and_view):
     view.close()
     view.close()
     assert not view.admits(5)
+
+
+def test_the_master_clock_a_node_shows_is_used_only_where_the_clocks_agree(
+    page_and_view, monkeypatch
+):
+    """None before the node shows one (an older node, or no heartbeat reply yet); the master's
+    wall clock once it does; None again when this process's wall-minus-monotonic offset is not
+    the node's (another time namespace, or a wall-clock step since the node wrote it)."""
+    page, view = page_and_view
+    assert view.master_now_ms() is None
+    offset = time.time() * 1000 - time.monotonic() * 1000 - 90_000  # the master 90 s behind
+    page.publish_clock(offset)
+    assert abs(view.master_now_ms() - (time.time() * 1000 - 90_000)) < 50
+    page.publish(WriteFence(3, frozenset({1})), None)  # fences leave the clock as it is
+    assert abs(view.master_now_ms() - (time.time() * 1000 - 90_000)) < 50
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 5.0)  # this host's clock stepped 5 s
+    assert view.master_now_ms() is None
+    page.publish_clock(offset)  # the node writes again after the step: they agree again
+    assert abs(view.master_now_ms() - (real() * 1000 - 90_000)) < 50
+    assert view.admits(3) and view.admits(1) and not view.admits(2)
