@@ -58,19 +58,21 @@ class ShmMapper:
         return None if page is None else page.admits(generation)
 
     def master_now_ms(self, segment_id: int) -> float:
-        """The master's wall clock now, which write grants' expiries are in: as the node of a
-        mapped pool shows it (common/shm_fence.py `master_now_ms`), else this host's."""
+        """The time write grants' expiries are checked against: the later of this host's wall
+        clock and the master's as the node of a mapped pool shows it (common/shm_fence.py), so
+        a copy runs only while its grant is live by both."""
         page = self._fences.get(segment_id)
         shown = None if page is None else page.master_now_ms()
-        return time.time() * 1000 if shown is None else shown
+        own = time.time() * 1000
+        return own if shown is None else max(own, shown)
 
     def copy_guard(self, loc: ReplicaLocation, *, leased: bool) -> Guard | None:
         """A guard for copies into `loc`'s mapped pool under its write grant (client/steps.py
         runs it before every 1 MiB of a copy), or None when the grant may not be copied with
         now.  A grant may be copied with while the write fences its node shows in shared
         memory admit its put generation (common/shm_fence.py) and it is more than
-        `COPY_EXPIRY_MARGIN_MS` from its expiry by the master's clock as the node shows it
-        (`master_now_ms`; the master may free an expired put's room
+        `COPY_EXPIRY_MARGIN_MS` from its expiry by both this host's clock and the master's as
+        the node shows it (`master_now_ms`; the master may free an expired put's room
         without its node's word: master/frees.py); a node that shows no fences takes no copies
         into leases (they go over TCP, where it checks them).  A copy under a grant ended
         meanwhile stops within a chunk: the node acknowledges a fence only 50 ms after showing

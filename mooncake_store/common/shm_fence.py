@@ -21,17 +21,19 @@ stalled between its check and the end of its copy for longer than that could sti
 (the victim's checksum then fails: lost, never misread), as any shared-memory writer could.
 
 The page also shows the master's clock as the node follows it (node/master_clock.py), which
-write grants' expiries are in: a client checks a grant's expiry against it, not against its own
-host's wall clock, which may stand behind the master's (a copy past the expiry could land in
-room the master handed out again).  It is an offset from the monotonic clock, which a client on
-the node's host shares, with the node's own wall-minus-monotonic offset beside it: a client
-whose own differs by over `CLOCK_AGREEMENT_MS` (another time namespace, or a wall-clock step
-since the node last wrote) does not use it, and falls back to its wall clock.
+write grants' expiries are in: an offset from the monotonic clock, which a client on the node's
+host shares.  A client copies only while a grant is live by both that clock and its own wall
+clock (`master_now_ms` gives the later of the two): a host clock behind the master's no longer
+lets a copy run under a grant the master counts as ended (it may hand the room out again without
+the node's word), and a step back of the master's clock lengthens no grant for same-host copies.
+The other way round (a host clock ahead of the master's) refuses grants early: their writes go
+over TCP, where the node checks them.  A value that is wrong (another time namespace, an absurd
+master time) can only make the later of the two later, so it never lets a copy through.
 
 Layout, little-endian u64 words: `seq` (odd while the node writes), the mount fence's floor and
 open count, the pushed fence's floor (0: none yet) and open count, then the mount fence's open
-generations and the pushed fence's; the last two words of the page are the master's clock
-(master wall ms minus node monotonic ms; 0: unknown) and the node's wall ms minus monotonic ms.
+generations and the pushed fence's; the last word of the page is the master's clock (master
+wall ms minus node monotonic ms; 0: unknown).
 Open lists that do not fit are marked `OVERFLOW`: only generations at or above both floors are
 admitted then.  A reader retries while `seq` is odd or changes under it (a seqlock); the lock
 operations around the reads and writes order them on weakly ordered CPUs too.
@@ -53,9 +55,8 @@ NEVER = (1 << 64) - 1  # a floor nothing reaches: the mount fence of a closed se
 OVERFLOW = (1 << 64) - 1  # an open count: the lists did not fit
 PAGE_BYTES = 64 * 1024
 _HEADER = 5  # seq, mount floor, mount open count, pushed floor, pushed open count
-_CLOCK = PAGE_BYTES // 8 - 2  # the master's clock, then the node's wall offset (see above)
+_CLOCK = PAGE_BYTES // 8 - 1  # the master's clock (see above)
 CAPACITY = _CLOCK - _HEADER  # open generations the page holds, both lists together
-CLOCK_AGREEMENT_MS = 1000  # client and node wall-minus-monotonic offsets this close: one clock
 FENCE_ACK_GRACE_S = 0.05  # a pushed fence is acknowledged this long after it is published
 REMOUNT_GRACE_S = 0.5  # closed this long before mounting again
 _READ_TRIES = 10_000
@@ -113,14 +114,16 @@ class FencePage:
 
     def publish_clock(self, master_offset_ms: float) -> None:
         """Show the master's clock as the node follows it: master wall ms minus this host's
-        monotonic ms (node/master_clock.py), with the node's own wall offset now."""
-        own = time.time() * 1000 - time.monotonic() * 1000
+        monotonic ms (node/master_clock.py).  A value no u64 word holds is not shown (the
+        page keeps the last one): it is checked before the page is marked as being written."""
+        value = int(master_offset_ms)
+        if not 0 < value < 1 << 63:
+            return
         with self._lock:
             w = self._words
             w[0] += 1
             _barrier()
-            w[_CLOCK] = max(1, int(master_offset_ms))
-            w[_CLOCK + 1] = max(1, int(own))
+            w[_CLOCK] = value
             _barrier()
             w[0] += 1
 
@@ -166,8 +169,8 @@ class FenceView:
 
     def master_now_ms(self) -> int | None:
         """The master's wall clock now as the node follows it, in ms; None when the node shows
-        none (an older node, no heartbeat reply yet) or this process's clocks disagree with
-        the node's (see the module docstring)."""
+        none (an older node, no heartbeat reply yet).  Use the later of it and the wall clock
+        (see the module docstring)."""
         if self._closed:
             return None
         w = self._words
@@ -175,17 +178,12 @@ class FenceView:
             seq = int(w[0])
             if not seq & 1:
                 _barrier()
-                master, node_wall = int(w[_CLOCK]), int(w[_CLOCK + 1])
+                master = int(w[_CLOCK])
                 _barrier()
                 if int(w[0]) == seq:
-                    break
+                    return int(time.monotonic() * 1000 + master) if master else None
             time.sleep(0)
-        else:
-            return None
-        mono_ms = time.monotonic() * 1000
-        if not master or abs(time.time() * 1000 - mono_ms - node_wall) > CLOCK_AGREEMENT_MS:
-            return None
-        return int(mono_ms + master)
+        return None
 
     def close(self) -> None:
         """Unmap (idempotent); a reader still inside `admits` on another thread keeps the

@@ -59,8 +59,8 @@ def test_a_node_mounts_and_takes_fences_from_a_master_a_minute_and_a_half_off(tm
                     store.put(f"k{local_shm}{i}", value)
                 assert all(store.get(f"k{local_shm}{i}") == value for i in range(20))
                 store.remove_many([f"k{local_shm}{i}" for i in range(10)])
-                if local_shm:  # grant expiries read by the master's clock the node shows:
-                    assert store.counters["shm_writes"] == 20  # none refused as expired
+                if local_shm and offset_s > 0:  # the master ahead: the node shows its clock,
+                    assert store.counters["shm_writes"] == 20  # and grants are live by both
         log = (cluster.log_dir / "node-0.log").read_text()
         assert "off the master's clock" not in log, log[-2000:]  # not one refused so far
         # 90 s the other way, while the node runs: a push stamped after the step and before
