@@ -113,7 +113,7 @@ def lease_start(
         raise NoSpaceError(f"no free room for a lease of {size_bytes} bytes")
     roomy: set[str] = set()  # the nodes a lease could have in a moment
     if len(fast) < len(usable):
-        roomy = {s.node_id for s in usable if s.largest_free >= extent and lease_room(s)}
+        roomy = table.put_nodes(size_bytes, lease_room)[1]
     if len(chosen) < min(wanted, len(roomy)):
         table.counters["leases_refused_mounting"] += 1
         raise NoSpaceError(

@@ -292,11 +292,13 @@ class Membership(InventoryReconciliation):
         (generations.py): a later run on a restored data directory would reuse them."""
         return bool(self.awaiting_nodes(nodes))
 
-    def put_nodes(self, size_bytes: int = 0) -> tuple[set[str], set[str]]:
+    def put_nodes(
+        self, size_bytes: int = 0, room: Callable[[Segment], bool] | None = None
+    ) -> tuple[set[str], set[str]]:
         """The nodes a put of `size_bytes` may be placed on now (a DRAM segment offered, not
         draining, not holding its room after a remount, its first fence taken, and free room
-        for the value, as put_start takes it before any eviction), and those it may be in a
-        moment (the same, mounting or not)."""
+        for the value, as put_start takes it before any eviction; and, given `room`, one it
+        accepts), and those it may be in a moment (the same, mounting or not)."""
         now = self._clock()
         ready: set[str] = set()
         soon: set[str] = set()
@@ -304,6 +306,8 @@ class Membership(InventoryReconciliation):
             if seg.tier is not Tier.DRAM or seg.node_id in self.draining:
                 continue
             if size_bytes and seg.largest_free < seg.allocator.aligned(size_bytes):
+                continue
+            if room is not None and not room(seg):
                 continue
             soon.add(seg.node_id)
             if seg.writable_after <= now and seg.segment_id not in self._awaiting:

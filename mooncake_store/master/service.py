@@ -37,7 +37,7 @@ from mooncake_store.master.object_table import ObjectTable
 from mooncake_store.master.persistence import MetadataStore
 from mooncake_store.master.replication import Replication
 from mooncake_store.master.segments import Tier
-from mooncake_store.master.service_base import _OK, _status
+from mooncake_store.master.service_base import _OK, FirstFences, _status
 from mooncake_store.master.service_nodes import NodeMethods
 from mooncake_store.master.service_puts import PutMethods
 from mooncake_store.master.service_reads import ReadMethods
@@ -91,7 +91,7 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         #: mount asks for it.  `first_fences(nodes, push, fresh_only=False)` waits for those in
         #: flight (server.py `_await_first_fences`).
         self.fence_soon: Callable[[str], None] | None = None
-        self.first_fences: Callable[..., Awaitable[bool]] | None = None
+        self.first_fences: FirstFences | None = None
         self._fence_waits_off_until = 0.0
         self._committing: dict[str, asyncio.Future[None]] = {}  # key -> its commit's outcome
         self._persisting: set[asyncio.Future[None]] = set()  # persist_dirty's writes in flight

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from typing import Protocol
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
@@ -77,6 +78,15 @@ def _fill_location(
     out.grpc_endpoint = node.control_endpoint  # the node's gRPC DataService (issue 15)
 
 
+class FirstFences(Protocol):
+    """Waits (a moment at most) for the first write fences of `node_ids` (server.py
+    `_await_first_fences`); True when there was one to wait for."""
+
+    def __call__(
+        self, node_ids: Collection[str], push: bool, *, fresh_only: bool = False
+    ) -> Awaitable[bool]: ...
+
+
 class ServicerBase(pb_grpc.MasterServiceServicer):
     """The servicer's state the method groups use (set by `MasterServicer.__init__`)."""
 
@@ -94,7 +104,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
     grpc_owners: GrpcOwners  # gRPC connections that started puts (grpc_owners.py)
     fence_now: Callable[[], Awaitable[None]] | None  # pushes write fences (server.py)
     fence_soon: Callable[[str], None] | None  # a node's first fence, soon (server.py)
-    first_fences: Callable[..., Awaitable[bool]] | None  # waits for them (server.py)
+    first_fences: FirstFences | None  # waits for them (server.py)
     master_run: int  # this master process's run: random, new at every start (generations.py)
     generation_floor: GenerationFloor | None  # the data directory's (None: no directory)
     _fence_waits_off_until: float  # time.monotonic(): puts do not wait for fences until then
