@@ -46,10 +46,14 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
 from mooncake_store.common.grant import WriteFence
+
+T = TypeVar("T")
 
 NEVER = (1 << 64) - 1  # a floor nothing reaches: the mount fence of a closed segment
 OVERFLOW = (1 << 64) - 1  # an open count: the lists did not fit
@@ -97,10 +101,8 @@ class FencePage:
         mount_open = sorted(mount.open)
         pushed_open = sorted(pushed.open) if pushed is not None else []
         fits = len(mount_open) + len(pushed_open) <= CAPACITY
-        with self._lock:
-            w = self._words
-            w[0] += 1  # odd: being written
-            _barrier()
+
+        def fill(w: np.ndarray) -> None:
             w[1] = mount.floor
             w[2] = len(mount_open) if fits else OVERFLOW
             w[3] = pushed.floor if pushed is not None else 0
@@ -109,8 +111,8 @@ class FencePage:
                 a = _HEADER + len(mount_open)
                 w[_HEADER:a] = mount_open
                 w[a : a + len(pushed_open)] = pushed_open
-            _barrier()
-            w[0] += 1
+
+        self._write(fill)
 
     def publish_clock(self, master_offset_ms: float) -> None:
         """Show the master's clock as the node follows it: master wall ms minus this host's
@@ -119,11 +121,20 @@ class FencePage:
         value = int(master_offset_ms)
         if not 0 < value < 1 << 63:
             return
+
+        def fill(w: np.ndarray) -> None:
+            w[_CLOCK] = value
+
+        self._write(fill)
+
+    def _write(self, fill: Callable[[np.ndarray], None]) -> None:
+        """One write of the seqlock: `fill` stores into the words while `seq` is odd (one that
+        fails leaves it odd: readers refuse rather than take a half-written page)."""
         with self._lock:
             w = self._words
-            w[0] += 1
+            w[0] += 1  # odd: being written
             _barrier()
-            w[_CLOCK] = value
+            fill(w)
             _barrier()
             w[0] += 1
 
@@ -153,19 +164,8 @@ class FenceView:
         gate would (node/write_gate.py `ended`)."""
         if self._closed:
             return False
-        w = self._words
-        for attempt in range(_READ_TRIES):
-            seq = int(w[0])
-            if not seq & 1:  # odd: being written
-                _barrier()
-                header = [int(x) for x in w[1:_HEADER]]
-                verdict = _admits(w, generation, *header)
-                _barrier()
-                if int(w[0]) == seq:
-                    return verdict
-            if attempt >= 8:
-                time.sleep(0)  # the writer may be waiting for this thread (or for a CPU)
-        return False  # never a steady read: refuse (the write goes over TCP)
+        # Never a steady read: refused (the write goes over TCP).
+        return self._read(lambda w: _admits(w, generation, *[int(x) for x in w[1:_HEADER]]), False)
 
     def master_now_ms(self) -> int | None:
         """The master's wall clock now as the node follows it, in ms; None when the node shows
@@ -173,17 +173,24 @@ class FenceView:
         (see the module docstring)."""
         if self._closed:
             return None
+        master = self._read(lambda w: int(w[_CLOCK]), 0)
+        return int(time.monotonic() * 1000 + master) if master else None
+
+    def _read(self, read: Callable[[np.ndarray], T], refused: T) -> T:
+        """`read` of the words, taken while the node wrote nothing (the seqlock), or `refused`
+        when no such read comes in _READ_TRIES tries."""
         w = self._words
-        for _ in range(_READ_TRIES):
+        for attempt in range(_READ_TRIES):
             seq = int(w[0])
-            if not seq & 1:
+            if not seq & 1:  # odd: being written
                 _barrier()
-                master = int(w[_CLOCK])
+                value = read(w)
                 _barrier()
                 if int(w[0]) == seq:
-                    return int(time.monotonic() * 1000 + master) if master else None
-            time.sleep(0)
-        return None
+                    return value
+            if attempt >= 8:
+                time.sleep(0)  # the writer may be waiting for this thread (or for a CPU)
+        return refused
 
     def close(self) -> None:
         """Unmap (idempotent); a reader still inside `admits` on another thread keeps the
