@@ -32,14 +32,32 @@ from mooncake_store.common.units import parse_size
 MODES = {"steps": 1 << 62, "overlap": tcp_wire.OVERLAP_MIN}  # the OVERLAP_MIN of each
 
 
+def sizes_arg(text: str) -> list[int]:
+    """`--sizes`: a comma-separated list of sizes (1M, 64K, 4MiB, ...), each above 0."""
+    try:
+        sizes = [parse_size(part) for part in text.split(",")]
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"every size must be above 0: {text!r}")
+    return sizes
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1M,4M,16M")
-    parser.add_argument("--ops", type=int, default=60, help="puts per size, mode and round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sizes", type=sizes_arg, default="1M,4M,16M")
+    parser.add_argument("--ops", type=positive, default=60, help="puts per size, mode and round")
+    parser.add_argument("--rounds", type=positive, default=5)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     p50s: dict[tuple[int, str], list[float]] = {(s, m): [] for s in sizes for m in MODES}
     pool = max(sizes) * (args.ops + 8) + (128 << 20)  # a mode's puts are removed after it
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(tmp, nodes=1, dram=str(pool)) as c:
