@@ -8,7 +8,10 @@ used only for values that leave the process:
 - grant expiry (`common/grant.py`): the master signs a wall-clock expiry that the node checks
   against the master's clock as signed heartbeat replies carry it (`node/master_clock.py`), so
   node clocks need not agree with the master's; a step of the master's clock shortens or
-  lengthens the grants issued just before it (by the step), and never deletes anything;
+  lengthens the grants issued just before it (by the step), and never deletes anything.  A
+  step back lengthens them on the node, so every expiry signed is noted in `SIGNED_OFFSETS`,
+  and what the master gives away once a write grant has expired waits for the node's clock of
+  the master to pass that expiry too (`OffsetLog.behind_s`, master/fences.py);
 - a pin's end in RocksDB (`master/persistence.py`), which must mean the same after a reboot.
 
 `to_wall` and `to_monotonic` convert an instant between the two at the moment of the call; 0
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 
 def _offset_s() -> float:
@@ -39,6 +43,74 @@ def to_monotonic(wall_s: float) -> float:
     return wall_s - _offset_s()
 
 
+class OffsetLog:
+    """The wall-clock offsets (wall minus monotonic) that grant expiries were signed with, by
+    the monotonic second they were signed in: enough to say how far the wall clock is now
+    behind the one a grant was signed by (pure: both clocks injected).
+
+    Seconds older than `keep_s` fold into one floor, so the log stays small; a question about
+    them is answered with the largest offset of that whole span (never less than the truth).
+    """
+
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        keep_s: float = 3600.0,
+    ) -> None:
+        self._monotonic = monotonic
+        self._wall = wall
+        self._keep_s = keep_s
+        self._by_second: dict[int, float] = {}  # monotonic second -> largest offset signed
+        self._oldest = 0  # seconds before this are folded into _floor
+        self._floor = -math.inf
+        self._top = -math.inf  # the largest offset in the log (behind_s's quick answer)
+
+    def offset_s(self) -> float:
+        """Wall minus monotonic now."""
+        return self._wall() - self._monotonic()
+
+    def expiry_ms(self, monotonic_s: float) -> int:
+        """The wall-clock millisecond of monotonic instant `monotonic_s` (a grant's expiry),
+        noting the offset it was signed with."""
+        now = self._monotonic()
+        offset = self._wall() - now
+        second = int(now)
+        if offset > self._by_second.get(second, -math.inf):
+            self._by_second[second] = offset
+            self._top = max(self._top, offset)
+            if second - self._oldest > 2 * self._keep_s:
+                self._fold(second - int(self._keep_s))
+        return int((monotonic_s + offset) * 1000)
+
+    def behind_s(self, since_s: float, until_s: float) -> float:
+        """How far the wall clock is now behind the one expiries were signed by between
+        monotonic instants `since_s` and `until_s` (0 when it is not): a grant signed then
+        and expiring at monotonic `e` lasts on its node until `e` plus this."""
+        now_offset = self.offset_s()
+        if self._top <= now_offset:
+            return 0.0  # no step back since anything in the log was signed
+        lo, hi = int(since_s), int(until_s)
+        signed = self._floor if lo < self._oldest else -math.inf
+        if hi - lo < len(self._by_second):
+            found = (self._by_second.get(second, -math.inf) for second in range(lo, hi + 1))
+        else:
+            found = (o for second, o in self._by_second.items() if lo <= second <= hi)
+        signed = max(signed, *found, -math.inf)
+        return max(0.0, signed - now_offset)
+
+    def _fold(self, before: int) -> None:
+        for second in [s for s in self._by_second if s < before]:
+            self._floor = max(self._floor, self._by_second.pop(second))
+        self._oldest = before
+        self._top = max([self._floor, *self._by_second.values()])
+
+
+SIGNED_OFFSETS = OffsetLog()  # the process's: every grant the master signs goes through it
+
+
 def expiry_ms(monotonic_s: float) -> int:
-    """A grant's expiry: the wall-clock millisecond of a monotonic instant."""
-    return int(to_wall(monotonic_s) * 1000)
+    """A grant's expiry: the wall-clock millisecond of a monotonic instant (noted in
+    SIGNED_OFFSETS)."""
+    return SIGNED_OFFSETS.expiry_ms(monotonic_s)

@@ -27,6 +27,7 @@ master/generations.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from mooncake_store.master.segments import Segment
@@ -40,7 +41,8 @@ class HeldFree(NamedTuple):
     offset: int
     size_bytes: int
     free_at_s: float  # a read lease may hold it longer
-    until_s: float  # the grant's expiry (with slack): free by then regardless
+    until_s: float  # the grant's expiry (with slack): free by then regardless...
+    signed_s: float  # ...of a wall-clock step back since the put's grants were signed from here
 
 
 class WriteFences:
@@ -74,12 +76,25 @@ class WriteFences:
             self._held[seg.segment_id] = [h for h in held if h not in done]
         return done
 
-    def expired(self, now: float) -> list[tuple[int, HeldFree]]:
-        """(segment id, free) of held frees whose grant expired anyway (drained)."""
+    def expired(
+        self, now: float, behind: Callable[[float, float], float]
+    ) -> list[tuple[int, HeldFree]]:
+        """(segment id, free) of held frees whose grant expired anyway (drained).
+
+        The node checks a grant's expiry against its clock of the master's wall clock: when
+        that clock went back since the grant was signed, the grant lasts that much longer
+        there.  `behind(since, until)` says by how much for grants signed between two
+        monotonic instants (common/clock.py OffsetLog.behind_s)."""
         out: list[tuple[int, HeldFree]] = []
         for segment_id, held in list(self._held.items()):
-            keep = [h for h in held if h.until_s > now]
-            out += [(segment_id, h) for h in held if h.until_s <= now]
+            keep: list[HeldFree] = []
+            for h in held:
+                if h.until_s <= now and h.until_s + behind(h.signed_s, h.until_s) <= now:
+                    out.append((segment_id, h))
+                else:
+                    keep.append(h)
+            if len(keep) == len(held):
+                continue
             if keep:
                 self._held[segment_id] = keep
             else:

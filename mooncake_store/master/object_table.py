@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from mooncake_store.common.clock import SIGNED_OFFSETS, OffsetLog
 from mooncake_store.common.errors import ObjectBusyError, ObjectNotFoundError
 from mooncake_store.master.columns import COMMITTING, COMPLETE, FREE, PROCESSING
 from mooncake_store.master.config import MasterConfig
@@ -105,12 +106,15 @@ class ObjectTable(ObjectReads):
         policy: EvictionPolicy | None = None,
         first_generation: int = 1,
         fence_writes: bool = False,
+        signed_offsets: OffsetLog = SIGNED_OFFSETS,
     ) -> None:
         """`first_generation`: of puts (named by their write grants); the daemon starts it at
         the wall clock in microseconds, past any earlier master's.  `fence_writes`: hold the
         frees of puts that end without a commit until their node fenced the put's write
         grants (fences.py); the daemon always does, a table with no nodes to fence (a unit
-        test of other rules, a tool) frees at once."""
+        test of other rules, a tool) frees at once.  `signed_offsets`: the wall-clock offsets
+        the process signed grant expiries with (common/clock.py), which a held free past its
+        grant's expiry still waits on after a step back of the wall clock."""
         self.config = config
         self.policy = policy or LruPolicy()
         self._lease_ttl_s = config.lease_ttl_s  # read on every lookup: no attribute chains
@@ -129,6 +133,7 @@ class ObjectTable(ObjectReads):
         self._next_generation = first_generation
         self._fence_writes = fence_writes
         self.fences = WriteFences()
+        self._signed_offsets = signed_offsets
         self._lease_keys: set[str] = set()  # pending puts that are allocation leases (leases.py)
         self._leases_refused_until = 0.0  # a put needed their room: none granted until then
         self._fingerprints: dict[bytes, bytes] = {}
@@ -283,7 +288,7 @@ class ObjectTable(ObjectReads):
             if deadline <= now:
                 self._reclaim(self._slot[key])
                 result.reclaimed_puts.append(key)
-        for segment_id, held in self.fences.expired(now):
+        for segment_id, held in self.fences.expired(now, self._signed_offsets.behind_s):
             self._release_held(segment_id, held, now)
         while self._deferred and self._deferred[0][0] <= now:
             _, generation, segment_id, offset, size_bytes = heapq.heappop(self._deferred)

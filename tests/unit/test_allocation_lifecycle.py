@@ -6,6 +6,7 @@ import tracemalloc
 
 import pytest
 
+from mooncake_store.common.clock import OffsetLog
 from mooncake_store.common.errors import NoSpaceError
 from mooncake_store.master.eviction import make_policy
 from mooncake_store.master.object_table import ObjectTable, TableConfig
@@ -243,3 +244,84 @@ def test_a_removed_key_leaves_no_memory_behind(clock):
     assert t.policy.ghost_size() == 0  # type: ignore[attr-defined]
     assert grown / 2000 < 64, f"{grown / 2000:.0f} bytes left per removed key"
     t.validate()
+
+
+class Wall:
+    """A wall clock that follows `clock` at `offset` seconds, stepped by the test."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.offset = clock, 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.clock.now + self.offset
+
+
+def wall_stepped(clock: Clock) -> tuple[ObjectTable, Wall, OffsetLog]:
+    """A fenced table whose grant expiries are signed by a wall clock the test steps."""
+    wall = Wall(clock)
+    offsets = OffsetLog(monotonic=clock, wall=wall)
+    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True,
+                    signed_offsets=offsets)  # fmt: skip
+    mount(t, "node-a", 7)
+    ack_all(t)
+    return t, wall, offsets
+
+
+def test_a_held_free_waits_out_a_step_back_of_the_wall_clock(clock):
+    """A node checks a write grant's wall-clock expiry against its clock of the master's, which
+    follows the master's steps: after a step back of 100 s the grant works there 100 s longer,
+    so an extent held for it (its node takes no fences) is given to nobody else until then."""
+    t, wall, offsets = wall_stepped(clock)
+    out = t.put_start("k", MiB, 1)
+    expiry_ms = offsets.expiry_ms(out.deadline_s)  # what the servicer signs into its grant
+    t.put_revoke("k")
+    wall.offset -= 100  # the master's wall clock steps back; heartbeats tell the node
+    clock.now += 30 + 2.5  # past the grant's expiry and slack by the monotonic clock...
+    assert t.heartbeat("node-a", 1)
+    t.tick()
+    assert wall() * 1000 < expiry_ms  # ...but not by the wall clock the node checks it with
+    assert t.segment(7).allocator.used_bytes == MiB  # still held
+    clock.now += 100
+    assert t.heartbeat("node-a", 1)
+    t.tick()
+    assert wall() * 1000 > expiry_ms
+    assert t.segment(7).allocator.used_bytes == 0
+    t.validate()
+
+
+def test_a_put_signed_after_a_step_back_or_a_step_forward_waits_no_longer(clock):
+    t, wall, offsets = wall_stepped(clock)
+    offsets.expiry_ms(t.put_start("early", MiB, 1).deadline_s)
+    wall.offset -= 100
+    clock.now += 40  # "early" outlived its deadline: reclaimed, its extent held
+    offsets.expiry_ms(t.put_start("late", MiB, 1).deadline_s)  # signed after the step
+    t.put_revoke("late")
+    clock.now += 30 + 2.5
+    assert t.heartbeat("node-a", 1)
+    t.tick()
+    # "late" was signed by the clock the node has now: free; "early" waits out the step.
+    assert t.segment(7).allocator.used_bytes == MiB
+    assert not t.exists("early") and not t.exists("late")
+    wall.offset += 3600  # a step forward ends every grant on the node sooner, not later
+    t.tick()
+    assert t.segment(7).allocator.used_bytes == 0
+    t.validate()
+
+
+def test_the_offset_log_stays_small_and_never_answers_less_than_the_truth(clock):
+    wall = Wall(clock)
+    offsets = OffsetLog(monotonic=clock, wall=wall, keep_s=60)
+    assert offsets.behind_s(0, clock.now) == 0.0  # nothing signed
+    offsets.expiry_ms(clock.now + 30)
+    wall.offset += 5  # forward, then signed again: the largest offset of its second counts
+    offsets.expiry_ms(clock.now + 30)
+    wall.offset -= 20
+    assert offsets.behind_s(clock.now, clock.now + 30) == pytest.approx(20)
+    assert offsets.behind_s(clock.now + 1, clock.now + 30) == 0.0  # nothing signed then
+    for _ in range(300):  # five minutes of grants, one a second, at the new offset
+        clock.now += 1
+        offsets.expiry_ms(clock.now + 30)
+    assert len(offsets._by_second) <= 2 * 60 + 1
+    # The first seconds are folded into the floor: still answered, never less.
+    assert offsets.behind_s(1000, 1001) == pytest.approx(20)
+    assert offsets.behind_s(clock.now - 10, clock.now) == 0.0
