@@ -84,7 +84,7 @@ class WriteFences:
         The node checks a grant's expiry against its clock of the master's wall clock: when
         that clock went back since the grant was signed, the grant lasts that much longer
         there.  `behind(since, until)` says by how much for grants signed between two
-        monotonic instants (common/clock.py OffsetLog.behind_s)."""
+        monotonic instants (common/clock.py OffsetLog.behind)."""
         out: list[tuple[int, HeldFree]] = []
         for segment_id, held in list(self._held.items()):
             keep: list[HeldFree] = []

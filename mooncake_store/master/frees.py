@@ -122,10 +122,12 @@ class ExtentFrees(ReplicaRelocation):
                 # sealed (node/write_gate.py): nobody else gets the extent until the node has
                 # taken a fence that ends the put's grants.  A committed put's bytes were
                 # written, so sealed against its grant: freed as usual (fences.py).
-                created = self._created[slot]
-                until = created + self.config.put_timeout_s + FENCE_SLACK_S
-                self.fences.hold(seg, HeldFree(generation, seg.generation, r.offset,
-                                               size_bytes, free_at_s, until, created))  # fmt: skip
+                # Its grants were signed when its extents were allocated: at `created`, or, for
+                # a lease (renamed since, leases.py), at most a put timeout before.
+                created, timeout = self._created[slot], self.config.put_timeout_s
+                until = created + timeout + FENCE_SLACK_S
+                self.fences.hold(seg, HeldFree(generation, seg.generation, r.offset, size_bytes,
+                                               free_at_s, until, created - timeout))  # fmt: skip
             elif free_at_s > now:
                 heapq.heappush(
                     self._deferred, (free_at_s, seg.generation, r.segment_id, r.offset, size_bytes)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +26,7 @@ import grpc
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.auth import sign_master_time
+from mooncake_store.common.clock import SIGNED_OFFSETS
 from mooncake_store.common.errors import OK, AccessDeniedError, SegmentNotFoundError
 from mooncake_store.common.grpc_options import bind_grpc, server_options
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -78,7 +78,7 @@ def signed_master_time(
     """The master's wall time now (ms) and its signature with the node's control key over the
     request's nonce ("" for a node without one): what a heartbeat or mount reply carries for
     the node's clock of the master (node/master_clock.py)."""
-    now_ms = int(time.time() * 1000)
+    now_ms = SIGNED_OFFSETS.published_ms()  # noted: a held free waits out what nodes took
     if key is None:
         return now_ms, ""
     return now_ms, sign_master_time(key, node_id, incarnation, nonce, now_ms)

@@ -288,7 +288,9 @@ class ObjectTable(ObjectReads):
             if deadline <= now:
                 self._reclaim(self._slot[key])
                 result.reclaimed_puts.append(key)
-        for segment_id, held in self.fences.expired(now, self._signed_offsets.behind_s):
+        # A node offered to puts took a reply with the master's time within a heartbeat TTL.
+        behind = self._signed_offsets.behind(self.config.heartbeat_ttl_s + 1.0)
+        for segment_id, held in self.fences.expired(now, behind):
             self._release_held(segment_id, held, now)
         while self._deferred and self._deferred[0][0] <= now:
             _, generation, segment_id, offset, size_bytes = heapq.heappop(self._deferred)

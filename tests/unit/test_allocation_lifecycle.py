@@ -6,10 +6,12 @@ import tracemalloc
 
 import pytest
 
+from mooncake_store.common import clock as clock_module
 from mooncake_store.common.clock import OffsetLog
-from mooncake_store.common.errors import NoSpaceError
+from mooncake_store.common.errors import NoSpaceError, ReplicaUnavailableError
 from mooncake_store.master.eviction import make_policy
-from mooncake_store.master.object_table import ObjectTable, TableConfig
+from mooncake_store.master.leases import grant_leases, put_leased
+from mooncake_store.master.object_table import FENCE_SLACK_S, ObjectTable, TableConfig
 from mooncake_store.master.segments import NodeInfo, SegmentInfo, Tier
 
 MiB = 1 << 20
@@ -308,20 +310,80 @@ def test_a_put_signed_after_a_step_back_or_a_step_forward_waits_no_longer(clock)
     t.validate()
 
 
+@pytest.mark.parametrize("how", ["write failed", "commit failed"])
+def test_a_leased_put_waits_out_a_step_back_since_its_lease_was_minted(clock, how):
+    """A lease's grant is signed when it is minted; the put that uses it (and so becomes the
+    object, created now) may end without a commit long after."""
+    t, wall, offsets = wall_stepped(clock)
+    [(lease, outcome)] = grant_leases(t, MiB, 1, 1, owner=0)
+    expiry_ms = offsets.expiry_ms(outcome.deadline_s)  # what the servicer signs when minting
+    wall.offset -= 100
+    clock.now += 5  # the lease is used 5 s later
+    if how == "write failed":  # its write may still be on its way
+        with pytest.raises(ReplicaUnavailableError):
+            put_leased(t, lease, "k", MiB, 42, failed_segments=(7,))
+    else:  # sealed, then its durable write failed: the servicer revokes it
+        put_leased(t, lease, "k", MiB, 42)
+        t.put_revoke("k")
+    clock.now = outcome.deadline_s + FENCE_SLACK_S + 5.01  # past the monotonic hold
+    assert t.heartbeat("node-a", 1)
+    t.tick()
+    assert wall() * 1000 < expiry_ms  # the node still honours the lease's grant...
+    assert t.segment(7).allocator.used_bytes == MiB  # ...so its extent is still held
+    clock.now += 100
+    assert t.heartbeat("node-a", 1)
+    t.tick()
+    assert t.segment(7).allocator.used_bytes == 0
+
+
+def test_a_step_undone_before_a_node_heard_of_it_still_holds_the_free(clock):
+    """The node checks grants by the master's time in the last reply it took, up to a heartbeat
+    TTL old: a step back it heard of and the master has undone since still counts."""
+    t, wall, offsets = wall_stepped(clock)
+    out = t.put_start("k", MiB, 1)
+    expiry_ms = offsets.expiry_ms(out.deadline_s)
+    t.put_revoke("k")
+    clock.now += 20.5
+    wall.offset -= 100
+    clock.now += 2.5
+    assert t.heartbeat("node-a", 1)
+    node_ms = offsets.published_ms()  # the heartbeat's reply: the node's clock of the master
+    node_offset = node_ms / 1000 - clock.now
+    clock.now += 2
+    wall.offset += 100  # undone; the node has not heartbeated since
+    clock.now = out.deadline_s + FENCE_SLACK_S + 0.01
+    t.tick()
+    assert (clock.now + node_offset) * 1000 < expiry_ms  # the grant works on the node
+    assert t.segment(7).allocator.used_bytes == MiB
+    clock.now += 8  # its next heartbeat carries the master's time as it is now
+    assert t.heartbeat("node-a", 1)
+    offsets.published_ms()
+    clock.now += 11  # the stepped-back reply is older than any reply a live node holds
+    assert t.heartbeat("node-a", 1)
+    offsets.published_ms()
+    t.tick()
+    assert t.segment(7).allocator.used_bytes == 0
+
+
 def test_the_offset_log_stays_small_and_never_answers_less_than_the_truth(clock):
     wall = Wall(clock)
     offsets = OffsetLog(monotonic=clock, wall=wall, keep_s=60)
-    assert offsets.behind_s(0, clock.now) == 0.0  # nothing signed
+    assert offsets.behind(10)(0, clock.now) == 0.0  # nothing signed
     offsets.expiry_ms(clock.now + 30)
     wall.offset += 5  # forward, then signed again: the largest offset of its second counts
     offsets.expiry_ms(clock.now + 30)
     wall.offset -= 20
-    assert offsets.behind_s(clock.now, clock.now + 30) == pytest.approx(20)
-    assert offsets.behind_s(clock.now + 1, clock.now + 30) == 0.0  # nothing signed then
+    assert offsets.behind(10)(clock.now, clock.now + 30) == pytest.approx(20)
+    assert offsets.behind(10)(clock.now + 1, clock.now + 30) == 0.0  # nothing signed then
     for _ in range(300):  # five minutes of grants, one a second, at the new offset
         clock.now += 1
         offsets.expiry_ms(clock.now + 30)
-    assert len(offsets._by_second) <= 2 * 60 + 1
+        offsets.published_ms()
+    assert len(offsets._signed) <= 2 * 60 + 1 and len(offsets._published) <= 2 * 60 + 1
     # The first seconds are folded into the floor: still answered, never less.
-    assert offsets.behind_s(1000, 1001) == pytest.approx(20)
-    assert offsets.behind_s(clock.now - 10, clock.now) == 0.0
+    assert offsets.behind(10)(1000, 1001) == pytest.approx(20)
+    assert offsets.behind(10)(clock.now - 10, clock.now) == 0.0
+    fresh = OffsetLog(monotonic=clock, wall=wall)
+    fresh.expiry_ms(clock.now + 30)
+    wall.offset -= 1e-6  # the clocks' jitter is no step: answered without a look at the log
+    assert fresh.behind(10) is clock_module._NOT_BEHIND
