@@ -474,14 +474,16 @@ class RevokeTokenRequest(_message.Message):
     def __init__(self, token_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class RevokeTokenResponse(_message.Message):
-    __slots__ = ("status", "already_revoked", "connections_closed")
+    __slots__ = ("status", "already_revoked", "connections_closed", "node_ids_dropped")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_REVOKED_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_CLOSED_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     status: Status
     already_revoked: bool
     connections_closed: int
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_revoked: _Optional[bool] = ..., connections_closed: _Optional[int] = ...) -> None: ...
+    node_ids_dropped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., already_revoked: _Optional[bool] = ..., connections_closed: _Optional[int] = ..., node_ids_dropped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRevokedTokensRequest(_message.Message):
     __slots__ = ()

@@ -153,7 +153,11 @@ def revoke(token_or_id: str, master: str) -> None:
     except AccessDeniedError as exc:
         raise click.ClickException(str(exc)) from exc
     said = "was revoked already" if reply.already_revoked else "revoked"
-    click.echo(f"token {token_id} {said}; {reply.connections_closed} connections closed")
+    dropped = ", ".join(reply.node_ids_dropped) or "none"
+    click.echo(
+        f"token {token_id} {said}; {reply.connections_closed} connections closed; "
+        f"nodes dropped: {dropped}"
+    )
 
 
 @token.command("revoked")

@@ -61,6 +61,7 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         self.access = access or AccessControl(None)
         #: Per node id: the key that signs the master's control requests to its incarnation.
         self.control_keys: dict[str, bytes] = {}
+        self.node_tokens: dict[str, str] = {}
         self.table = table
         self.store = store
         self.config = config
@@ -204,6 +205,12 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         except InvalidArgumentError as exc:
             return pb.RevokeTokenResponse(status=_status(exc))
         closed = self.drop_token_connections(token_id)
+        # Its nodes are dropped at the next tick, as a node silent past its grace would be:
+        # no put or read is sent to them from now on (they keep only the grants they hold).
+        dropped = sorted(n for n, t in self.node_tokens.items() if t == token_id)
+        for node_id in dropped:
+            self.table.heartbeats.forget(node_id)
+            del self.node_tokens[node_id]
         if record is not None:
             try:
                 await self.store.write(revoked=[record])
@@ -215,11 +222,13 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
                 )
                 return pb.RevokeTokenResponse(status=_status(MooncakeError(problem)))
             self.access.revoked.saved(token_id)
-        log.warning("admin token %s revoked token %s (%d framed connections closed)",
-                    caller.token_id, token_id, closed)  # fmt: skip
+        log.warning("admin token %s revoked token %s (%d framed connections closed, nodes "
+                    "dropped: %s)", caller.token_id, token_id, closed,
+                    ", ".join(dropped) or "none")  # fmt: skip
         return pb.RevokeTokenResponse(
-            status=_OK, already_revoked=record is None, connections_closed=closed
-        )
+            status=_OK, already_revoked=record is None, connections_closed=closed,
+            node_ids_dropped=dropped,
+        )  # fmt: skip
 
     async def ListRevokedTokens(
         self, request: pb.ListRevokedTokensRequest, context: object

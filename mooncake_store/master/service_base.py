@@ -92,6 +92,7 @@ class ServicerBase(pb_grpc.MasterServiceServicer):
 
     access: AccessControl
     control_keys: dict[str, bytes]  # node id -> the key signing control requests to it
+    node_tokens: dict[str, str]  # node id -> the id of the token it mounted with
     table: ObjectTable
     store: MetadataStore
     config: MasterConfig

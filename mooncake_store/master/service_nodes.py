@@ -97,8 +97,9 @@ class NodeMethods(ServicerBase):
     async def MountSegment(
         self, request: pb.MountSegmentRequest, context: object
     ) -> pb.MountSegmentResponse:
+        caller = self.access.caller(context)
         try:
-            secret, control = self._node_keys(request, self.access.caller(context))
+            secret, control = self._node_keys(request, caller)
             self._check_node_proof("MountSegment", request, context)
         except AccessDeniedError as refused:
             log.warning("refused a mount of node %r: %s", request.node_id, refused)
@@ -147,6 +148,10 @@ class NodeMethods(ServicerBase):
             return pb.MountSegmentResponse(status=_status(exc))
         if control:  # the keys of the incarnation that mounted, once it has
             self.control_keys[node.node_id] = control
+        if caller.token_id:  # revoking that token drops the node (RevokeToken)
+            self.node_tokens[node.node_id] = caller.token_id
+        else:
+            self.node_tokens.pop(node.node_id, None)
         await self.persist_dirty()
         if fresh:
             log.info(

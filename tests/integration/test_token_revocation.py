@@ -21,7 +21,7 @@ from mooncake_store.client.sync_client import Client
 from mooncake_store.cluster_inprocess import InProcessCluster
 from mooncake_store.common.auth import bearer, parse_claims
 from mooncake_store.common.credentials import local_token_path
-from mooncake_store.common.errors import AccessDeniedError
+from mooncake_store.common.errors import AccessDeniedError, MooncakeError
 from mooncake_store.common.framed import HEADER
 from tests.conftest import FAST_MASTER, wait_until
 from tests.integration.test_security import _frame, bearer_md, create_token, stub
@@ -104,16 +104,25 @@ def test_only_an_admin_revokes_and_a_token_revoked_by_id_is_kept(tmp_path: Path)
         assert bad.exit_code != 0 and "token id" in bad.output
 
 
-def test_a_revoked_node_token_stops_its_nodes_heartbeats(tmp_path: Path) -> None:
-    """The nodes run with the master's local node token: revoked, their heartbeats are refused
-    and they are dropped as any node that stops heartbeating is."""
-    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=FAST_MASTER) as cluster:
+def test_a_revoked_node_token_drops_its_nodes_at_once(tmp_path: Path) -> None:
+    """The nodes run with the master's local node token: revoked, they are dropped at the
+    master's next tick (not a heartbeat TTL later: 60 s here), so no put goes to them; their
+    heartbeats are refused from then on, so they cannot come back with it."""
+    slow_to_suspect = [*FAST_MASTER, "--heartbeat-ttl", "60s"]
+    with InProcessCluster(tmp_path, nodes=1, dram="32MiB", master_args=slow_to_suspect) as cluster:
         node_token = json.loads(local_token_path(cluster.master_port).read_text())["node"]
         kept = create_token(cluster, "--role", "client")
         with Client(cluster.master_address, token=kept) as client:
+            client.put("before", b"x" * 4096)
             assert [n.state for n in client.list_nodes()] == ["valid"]
-            cli("token", "revoke", node_token, "--master", cluster.master_address)
-            wait_until(lambda: not client.list_nodes(), timeout_s=30, what="the node dropped")
+            said = cli("token", "revoke", node_token, "--master", cluster.master_address)
+            assert "nodes dropped: node-0" in said
+            wait_until(lambda: not client.list_nodes(), timeout_s=5, what="the node dropped")
+            assert not client.exists("before")  # only that node held it
+            with pytest.raises(MooncakeError):
+                client.put("after", b"y" * 4096)
+            time.sleep(1.0)  # heartbeats keep coming: refused, the node stays dropped
+            assert not client.list_nodes()
 
 
 def works(address: str, token: str) -> bool:
