@@ -301,7 +301,7 @@ class MountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., endpoint: _Optional[str] = ..., shm_socket: _Optional[str] = ..., control_endpoint: _Optional[str] = ..., secret: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[SegmentSpec, _Mapping]]] = ..., remount: _Optional[bool] = ..., generation_seen: _Optional[int] = ..., master_run: _Optional[int] = ..., nonce: _Optional[int] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature", "master_run", "master_time_ms", "time_signature")
+    __slots__ = ("status", "heartbeat_interval_s", "liveness_port", "fences", "fences_signature", "master_run", "master_time_ms", "time_signature", "heartbeat_ttl_s")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,7 @@ class MountSegmentResponse(_message.Message):
     MASTER_RUN_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     TIME_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TTL_S_FIELD_NUMBER: _ClassVar[int]
     status: Status
     heartbeat_interval_s: float
     liveness_port: int
@@ -318,7 +319,8 @@ class MountSegmentResponse(_message.Message):
     master_run: int
     master_time_ms: int
     time_signature: str
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ..., master_time_ms: _Optional[int] = ..., time_signature: _Optional[str] = ...) -> None: ...
+    heartbeat_ttl_s: float
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., heartbeat_interval_s: _Optional[float] = ..., liveness_port: _Optional[int] = ..., fences: _Optional[_Iterable[_Union[WriteFence, _Mapping]]] = ..., fences_signature: _Optional[str] = ..., master_run: _Optional[int] = ..., master_time_ms: _Optional[int] = ..., time_signature: _Optional[str] = ..., heartbeat_ttl_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "incarnation", "nonce")

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from mooncake_store._proto import mooncake_store_pb2 as pb
 from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.common.auth import SIGNATURE_METADATA, sign_request
-from mooncake_store.common.clock import expiry_ms
+from mooncake_store.common.clock import SIGNED_OFFSETS, expiry_ms
 from mooncake_store.common.errors import OK, ChecksumMismatchError
 from mooncake_store.common.grant import Grant, GrantMode, sign_grant
 from mooncake_store.common.tls import PLAINTEXT, TlsConfig
@@ -93,7 +93,8 @@ class NodeMover:
         if key is None:
             return []
         body = request.SerializeToString(deterministic=True)
-        return [(SIGNATURE_METADATA, sign_request(key, method, body, time.time()))]
+        # Stamped with the master's clock, which nodes follow (common/clock.py).
+        return [(SIGNATURE_METADATA, sign_request(key, method, body, SIGNED_OFFSETS.now_s()))]
 
     def _stub(self, node_id: str) -> pb_grpc.NodeServiceStub | None:
         state = self.table.node(node_id)

@@ -180,6 +180,7 @@ class NodeMethods(ServicerBase):
         return pb.MountSegmentResponse(
             status=_OK,
             heartbeat_interval_s=self.config.heartbeat_interval_s,
+            heartbeat_ttl_s=self.config.heartbeat_ttl_s,
             liveness_port=self.liveness_port,
             fences=fences,
             fences_signature=signature,

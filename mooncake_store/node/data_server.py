@@ -112,6 +112,11 @@ class DataAccess:
             problem = "extent lies beyond the end of the segment"
         elif mode is GrantMode.WRITE and grant.segment_id not in self.dram:
             problem = "only the DRAM tier is written by clients"
+        elif mode is GrantMode.WRITE and self.gate.clock.stale():
+            problem = (
+                "this node has not had the master's time for longer than its heartbeat TTL, "
+                "so it cannot tell whether the grant ended: write refused until it hears again"
+            )
         elif mode is GrantMode.WRITE:
             problem = self.gate.refusal(
                 grant.segment_id, grant.generation, offset, offset + size_bytes

@@ -9,6 +9,13 @@ its own *monotonic* clock, taken at the middle of the round trip that brought it
 either wall clock is followed within one heartbeat, and the node's own wall clock plays no
 part once one reply is in.  Before that (or with a master that sends no time), the node's
 wall clock stands in.
+
+A reading gets old when replies stop coming back (the master down, replies lost or late,
+mounts too slow to be taken) while the master may still hear the node.  The master gives
+away the extent of a put that ended only once every reading a node could hold has passed its
+grant's expiry, counting readings up to its heartbeat TTL old (common/clock.py OffsetLog), so
+`stale()` says when the reading is older than that TTL (the mount reply says it): the node then
+refuses writes (node/data_server.py).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from collections.abc import Callable
 # (`wait_for_ready`): one that took longer than this replaces no reading (the next heartbeat
 # brings a better one), but beats having none.
 LONG_ROUND_TRIP_S = 1.0
+# What `watcher` is shown while the reading is stale: a master's clock at the end of time, by
+# which every grant has expired, so same-host clients copy under none (common/shm_fence.py).
+STALE_OFFSET_MS = float(1 << 62)
 
 
 class MasterClock:
@@ -34,19 +44,32 @@ class MasterClock:
         self._monotonic = monotonic
         self._wall = wall
         self._offset_ms: float | None = None  # master wall ms - node monotonic ms
+        self._taken_s = 0.0  # when the request that brought the reading was sent (monotonic)
+        #: How old a reading may get before `stale()` (the master's heartbeat TTL; 0: never).
+        self.max_age_s = 0.0
+        self._shown_stale = False
         self._lock = threading.Lock()  # observed on the link's thread, read on the loop
         # Called with each new offset (the node shows it to same-host clients in the fence
         # page: common/shm_fence.py); on the thread that observed it.
         self.watcher: Callable[[float], None] | None = None
 
     def observe(
-        self, master_ms: int, sent_s: float, received_s: float, *, mount: bool = False
+        self,
+        master_ms: int,
+        sent_s: float,
+        received_s: float,
+        *,
+        mount: bool = False,
+        max_age_s: float | None = None,
     ) -> None:
         """A reply that left the master at `master_ms` (its wall clock) came back to a request
         sent at `sent_s` and answered at `received_s` (this node's monotonic clock).  Every
         heartbeat reply is taken (so a step of the master's clock is followed at the next one,
         however slow the replies); a `mount` reply slower than LONG_ROUND_TRIP_S only when
-        there is no reading yet."""
+        there is no reading yet.  `max_age_s` (a mount reply's: the master's heartbeat TTL)
+        replaces `max_age_s`, taken or not."""
+        if max_age_s is not None:
+            self.max_age_s = max(0.0, max_age_s)
         if master_ms <= 0 or received_s < sent_s:
             return  # a master that sends no time, or a clock that went wrong
         middle_ms = (sent_s + received_s) * 500.0
@@ -54,8 +77,33 @@ class MasterClock:
             if mount and self._offset_ms is not None and received_s - sent_s > LONG_ROUND_TRIP_S:
                 return
             self._offset_ms = master_ms - middle_ms
+            self._taken_s = sent_s
+            self._shown_stale = False
             if self.watcher is not None:  # under the lock: shown in the order observed
                 self.watcher(self._offset_ms)
+
+    def stale(self) -> bool:
+        """True when the reading is older than `max_age_s` (counted from when the request that
+        brought it was sent), or there is none while a maximum age is set."""
+        if self.max_age_s <= 0:
+            return False
+        with self._lock:
+            if self._offset_ms is None:
+                return True
+            taken = self._taken_s
+        return self._monotonic() - taken > self.max_age_s
+
+    def show_if_stale(self) -> None:
+        """Show `watcher` STALE_OFFSET_MS once the reading went stale (the next reading taken
+        shows the real offset again); called every heartbeat interval."""
+        if not self.stale():
+            return
+        with self._lock:
+            if self._shown_stale or self._monotonic() - self._taken_s <= self.max_age_s:
+                return  # shown already, or a reading came in meanwhile
+            self._shown_stale = True
+            if self.watcher is not None:
+                self.watcher(STALE_OFFSET_MS)
 
     def now_ms(self) -> int:
         with self._lock:

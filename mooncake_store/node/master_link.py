@@ -73,14 +73,17 @@ class MasterLink:
         on_mounting: Callable[[bool], None] | None = None,
         on_master_time: Callable[..., None] | None = None,
         time_key: Callable[[], bytes | None] | None = None,
+        on_interval: Callable[[], None] | None = None,
     ) -> None:
         self.master = master
         # Called with each OK heartbeat or mount reply's master time and the request's send
-        # and reply times (monotonic), and `mount=True` for a mount reply: the node keeps the
-        # master's clock (MasterClock.observe in master_clock.py).  With
+        # and reply times (monotonic), and `mount=True` and the master's heartbeat TTL
+        # (`max_age_s`) for a mount reply: the node keeps the master's clock
+        # (MasterClock.observe in master_clock.py).  With
         # a control key (`time_key`; None: the node has no token), only a time the master
         # signed over the request's nonce is taken.
         self._on_master_time = on_master_time
+        self._on_interval = on_interval  # called after each heartbeat (a reading got old?)
         self._time_key = time_key or (lambda: None)
         # Called (on this link's thread) with True before a mount again (same-host copies
         # stop: the mount may be new to the master, which then hands the pool's room out
@@ -260,6 +263,8 @@ class MasterLink:
             # Beat even while a mount is under way: the master may have mounted this node
             # already and only be slow to reply, and it drops a node it does not hear from.
             self._beat()
+            if self._on_interval is not None:
+                self._on_interval()
 
     def _remount(self, *, keep_mounted: bool) -> None:
         """Mount again on a thread of its own (one at a time), so that heartbeats go on while
@@ -337,7 +342,12 @@ class MasterLink:
         if key is None or master_time_signed(
             key, self.node_id, self.incarnation, nonce, reply.master_time_ms, reply.time_signature
         ):
-            self._on_master_time(reply.master_time_ms, sent, time.monotonic(), mount=mount)
+            if mount:  # with how old a reading may get (the master's heartbeat TTL)
+                ttl = reply.heartbeat_ttl_s  # type: ignore[union-attr]
+                self._on_master_time(reply.master_time_ms, sent, time.monotonic(), mount=True,
+                                     max_age_s=ttl)  # fmt: skip
+            else:
+                self._on_master_time(reply.master_time_ms, sent, time.monotonic())
 
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""

@@ -212,6 +212,7 @@ class StoreNode:
             on_fences=self._take_fences, on_mounting=self._mounting,
             on_master_time=self.access.gate.clock.observe if self.access is not None else None,
             time_key=lambda: self.verifier.key if self.verifier is not None else None,
+            on_interval=self.access.gate.clock.show_if_stale if self.access is not None else None,
         )  # fmt: skip
         link = self._link
         self.control.master_run = lambda: link.master_run  # FenceWrites from that run only

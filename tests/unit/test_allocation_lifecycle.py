@@ -2,6 +2,9 @@
 (issue 11 item 3), with an injected clock and no network."""
 
 import gc
+import sys
+import threading
+import time
 import tracemalloc
 
 import pytest
@@ -258,66 +261,79 @@ class Wall:
         return self.clock.now + self.offset
 
 
-def wall_stepped(clock: Clock) -> tuple[ObjectTable, Wall, OffsetLog]:
+def wall_stepped(clock: Clock, ttl_s: float = 10.0) -> tuple[ObjectTable, Wall, OffsetLog]:
     """A fenced table whose grant expiries are signed by a wall clock the test steps."""
     wall = Wall(clock)
     offsets = OffsetLog(monotonic=clock, wall=wall)
-    t = ObjectTable(TableConfig(put_timeout_s=30), clock=clock, fence_writes=True,
-                    signed_offsets=offsets)  # fmt: skip
+    config = TableConfig(put_timeout_s=30, heartbeat_ttl_s=ttl_s)
+    t = ObjectTable(config, clock=clock, fence_writes=True, signed_offsets=offsets)
     mount(t, "node-a", 7)
     ack_all(t)
     return t, wall, offsets
 
 
-def test_a_held_free_waits_out_a_step_back_of_the_wall_clock(clock):
-    """A node checks a write grant's wall-clock expiry against its clock of the master's, which
-    follows the master's steps: after a step back of 100 s the grant works there 100 s longer,
-    so an extent held for it (its node takes no fences) is given to nobody else until then."""
+def test_a_step_back_of_the_wall_clock_is_not_followed_so_no_grant_comes_back(clock, caplog):
+    """Nodes check a write grant's expiry against their reading of the master's clock.  Were
+    that clock to go back 100 s, a grant would work on them 100 s longer, even after the master
+    gave its extent to another put; so the master's clock never goes back."""
     t, wall, offsets = wall_stepped(clock)
     out = t.put_start("k", MiB, 1)
     expiry_ms = offsets.expiry_ms(out.deadline_s)  # what the servicer signs into its grant
     t.put_revoke("k")
-    wall.offset -= 100  # the master's wall clock steps back; heartbeats tell the node
-    clock.now += 30 + 2.5  # past the grant's expiry and slack by the monotonic clock...
+    clock.now = out.deadline_s + FENCE_SLACK_S + 0.01
     assert t.heartbeat("node-a", 1)
     t.tick()
-    assert wall() * 1000 < expiry_ms  # ...but not by the wall clock the node checks it with
-    assert t.segment(7).allocator.used_bytes == MiB  # still held
-    clock.now += 100
-    assert t.heartbeat("node-a", 1)
-    t.tick()
-    assert wall() * 1000 > expiry_ms
-    assert t.segment(7).allocator.used_bytes == 0
-    t.validate()
+    assert t.segment(7).allocator.used_bytes == 0  # held free: the grant expired
+    reuse = t.put_start("next", MiB, 1)
+    assert reuse.placements[0][1].offset == out.placements[0][1].offset
+    wall.offset -= 100  # after the release: must not bring the grant back to life
+    assert offsets.published_ms() > expiry_ms  # what the node's next reading says
+    assert offsets.now_s() * 1000 > expiry_ms  # and a control request's stamp
+    assert offsets.ignored_back_s == pytest.approx(100)
+    assert "the wall clock went back 100.0 s" in caplog.text
+    later = offsets.expiry_ms(clock.now + 30)  # grants go on from the clock before the step
+    assert later == int((clock.now + 30 + wall.offset + 100) * 1000)
+    wall.offset += 150  # a step forward (past the old clock) is followed
+    assert offsets.published_ms() == int((clock.now + wall.offset) * 1000)
 
 
-def test_a_put_signed_after_a_step_back_or_a_step_forward_waits_no_longer(clock):
-    t, wall, offsets = wall_stepped(clock)
-    offsets.expiry_ms(t.put_start("early", MiB, 1).deadline_s)
-    wall.offset -= 100
-    clock.now += 40  # "early" outlived its deadline: reclaimed, its extent held
-    offsets.expiry_ms(t.put_start("late", MiB, 1).deadline_s)  # signed after the step
-    t.put_revoke("late")
-    clock.now += 30 + 2.5
-    assert t.heartbeat("node-a", 1)
+def test_a_node_whose_reading_is_from_before_a_step_forward_holds_the_free(clock):
+    """A grant signed after a step forward of 100 s expires 100 s later by the node's reading
+    from before the step, which a node may hold up to a heartbeat TTL (it refuses writes with
+    an older one): its extent is held until no such reading can be left (or the node takes a
+    fence).  That matters where the TTL outlasts the put timeout (60 s and 30 s here); with a
+    shorter one, any reading a node still writes under is from after the grant was signed."""
+    t, wall, offsets = wall_stepped(clock, ttl_s=60)
+    clock.now += 5
+    offsets.published_ms()  # the node's reading
+    wall.offset += 100
+    out = t.put_start("k", MiB, 1)
+    expiry_ms = offsets.expiry_ms(out.deadline_s)
+    t.put_revoke("k")
+    clock.now = out.deadline_s + FENCE_SLACK_S + 0.01
+    assert t.heartbeat("node-a", 1)  # heard from; its reply, slow or lost, never taken
     t.tick()
-    # "late" was signed by the clock the node has now: free; "early" waits out the step.
     assert t.segment(7).allocator.used_bytes == MiB
-    assert not t.exists("early") and not t.exists("late")
-    wall.offset += 3600  # a step forward ends every grant on the node sooner, not later
+    assert (clock.now + wall.offset - 100) * 1000 < expiry_ms  # by the node's old reading
+    offsets.published_ms()  # readings go on, from the new clock
+    clock.now += 30  # the old reading is past any node's limit (60 s)
+    offsets.published_ms()
+    assert t.heartbeat("node-a", 1)
     t.tick()
     assert t.segment(7).allocator.used_bytes == 0
-    t.validate()
 
 
 @pytest.mark.parametrize("how", ["write failed", "commit failed"])
-def test_a_leased_put_waits_out_a_step_back_since_its_lease_was_minted(clock, how):
+def test_a_leased_put_counts_from_its_lease_being_minted(clock, how):
     """A lease's grant is signed when it is minted; the put that uses it (and so becomes the
-    object, created now) may end without a commit long after."""
-    t, wall, offsets = wall_stepped(clock)
+    object, created then) may end without a commit long after (a heartbeat TTL of 60 s: see
+    the test above)."""
+    t, wall, offsets = wall_stepped(clock, ttl_s=60)
+    clock.now += 5
+    offsets.published_ms()  # the node's reading, from before the step
+    wall.offset += 100
     [(lease, outcome)] = grant_leases(t, MiB, 1, 1, owner=0)
-    expiry_ms = offsets.expiry_ms(outcome.deadline_s)  # what the servicer signs when minting
-    wall.offset -= 100
+    offsets.expiry_ms(outcome.deadline_s)  # what the servicer signs when minting
     clock.now += 5  # the lease is used 5 s later
     if how == "write failed":  # its write may still be on its way
         with pytest.raises(ReplicaUnavailableError):
@@ -328,39 +344,10 @@ def test_a_leased_put_waits_out_a_step_back_since_its_lease_was_minted(clock, ho
     clock.now = outcome.deadline_s + FENCE_SLACK_S + 5.01  # past the monotonic hold
     assert t.heartbeat("node-a", 1)
     t.tick()
-    assert wall() * 1000 < expiry_ms  # the node still honours the lease's grant...
-    assert t.segment(7).allocator.used_bytes == MiB  # ...so its extent is still held
-    clock.now += 100
-    assert t.heartbeat("node-a", 1)
-    t.tick()
-    assert t.segment(7).allocator.used_bytes == 0
-
-
-def test_a_step_undone_before_a_node_heard_of_it_still_holds_the_free(clock):
-    """The node checks grants by the master's time in the last reply it took, up to a heartbeat
-    TTL old: a step back it heard of and the master has undone since still counts."""
-    t, wall, offsets = wall_stepped(clock)
-    out = t.put_start("k", MiB, 1)
-    expiry_ms = offsets.expiry_ms(out.deadline_s)
-    t.put_revoke("k")
-    clock.now += 20.5
-    wall.offset -= 100
-    clock.now += 2.5
-    assert t.heartbeat("node-a", 1)
-    node_ms = offsets.published_ms()  # the heartbeat's reply: the node's clock of the master
-    node_offset = node_ms / 1000 - clock.now
-    clock.now += 2
-    wall.offset += 100  # undone; the node has not heartbeated since
-    clock.now = out.deadline_s + FENCE_SLACK_S + 0.01
-    t.tick()
-    assert (clock.now + node_offset) * 1000 < expiry_ms  # the grant works on the node
-    assert t.segment(7).allocator.used_bytes == MiB
-    clock.now += 8  # its next heartbeat carries the master's time as it is now
-    assert t.heartbeat("node-a", 1)
+    assert t.segment(7).allocator.used_bytes == MiB  # the old reading may still be held
     offsets.published_ms()
-    clock.now += 11  # the stepped-back reply is older than any reply a live node holds
+    clock.now += 30  # the old reading is past any node's limit (60 s)
     assert t.heartbeat("node-a", 1)
-    offsets.published_ms()
     t.tick()
     assert t.segment(7).allocator.used_bytes == 0
 
@@ -369,21 +356,57 @@ def test_the_offset_log_stays_small_and_never_answers_less_than_the_truth(clock)
     wall = Wall(clock)
     offsets = OffsetLog(monotonic=clock, wall=wall, keep_s=60)
     assert offsets.behind(10)(0, clock.now) == 0.0  # nothing signed
+    offsets.published_ms()
     offsets.expiry_ms(clock.now + 30)
-    wall.offset += 5  # forward, then signed again: the largest offset of its second counts
+    wall.offset += 20
     offsets.expiry_ms(clock.now + 30)
-    wall.offset -= 20
     assert offsets.behind(10)(clock.now, clock.now + 30) == pytest.approx(20)
     assert offsets.behind(10)(clock.now + 1, clock.now + 30) == 0.0  # nothing signed then
-    for _ in range(300):  # five minutes of grants, one a second, at the new offset
+    for _ in range(300):  # five minutes of grants and readings, one a second
         clock.now += 1
         offsets.expiry_ms(clock.now + 30)
         offsets.published_ms()
     assert len(offsets._signed) <= 2 * 60 + 1 and len(offsets._published) <= 2 * 60 + 1
-    # The first seconds are folded into the floor: still answered, never less.
-    assert offsets.behind(10)(1000, 1001) == pytest.approx(20)
+    # The first seconds are folded into the floors: still answered, never less.
+    assert offsets.behind(400)(1000, 1001) == pytest.approx(20)  # its second had both
+    assert offsets.behind(400)(clock.now - 10, clock.now) == pytest.approx(20)
     assert offsets.behind(10)(clock.now - 10, clock.now) == 0.0
     fresh = OffsetLog(monotonic=clock, wall=wall)
+    fresh.published_ms()
     fresh.expiry_ms(clock.now + 30)
     wall.offset -= 1e-6  # the clocks' jitter is no step: answered without a look at the log
     assert fresh.behind(10) is clock_module._NOT_BEHIND
+
+
+def test_the_offset_log_is_safe_across_threads():
+    """Heartbeat replies note readings on the liveness server's threads while the master's
+    tick asks `behind` on its loop."""
+    now = [1000.0]
+    offsets = OffsetLog(monotonic=lambda: now[0], wall=lambda: now[0] + 5.0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            while not stop.is_set():
+                now[0] += 1.0  # a new second each reading
+                offsets.published_ms()
+                offsets.expiry_ms(now[0] + 30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish) for _ in range(2)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            offsets.behind(1e6)(0, now[0])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(old)
+    assert errors == []

@@ -1,7 +1,15 @@
 """The node reads grant expiries against the master's wall clock (node/master_clock.py): an
 offset from its own monotonic clock, taken from each heartbeat reply."""
 
-from mooncake_store.node.master_clock import MasterClock
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from mooncake_store.common.errors import AccessDeniedError
+from mooncake_store.common.grant import Grant, GrantMode, sign_grant
+from mooncake_store.node.data_server import DataAccess
+from mooncake_store.node.master_clock import STALE_OFFSET_MS, MasterClock
 
 
 class Clocks:
@@ -96,3 +104,54 @@ def test_control_requests_are_checked_against_the_masters_clock_not_the_nodes():
     stale = sign_request(b"k" * 32, "FenceWrites", b"body", master_now_s - 61)
     with pytest.raises(AccessDeniedError, match="off the master's clock"):
         verifier.verify("FenceWrites", b"body", stale)
+
+
+def test_a_reading_older_than_the_masters_heartbeat_ttl_is_stale_and_shown_as_such():
+    """Replies can stop coming back while the master still hears the node (lost or late, a
+    mount too slow to be taken).  The master gives away a put's extent once no reading a node
+    writes under can be older than its heartbeat TTL, so past that the node's reading is stale:
+    it refuses writes, and shows same-host clients a clock by which every grant has expired."""
+    c = Clocks()
+    clock = MasterClock(lambda: c.mono, lambda: c.wall)
+    shown: list[float] = []
+    clock.watcher = shown.append
+    assert not clock.stale()  # no limit known yet (an older master sends none)
+    clock.observe(1_700_000_000_000, 99.99, 100.01, mount=True, max_age_s=10.0)
+    assert clock.max_age_s == 10.0 and shown == [1_700_000_000_000 - 100_000]
+    c.mono = 109.9
+    clock.show_if_stale()
+    assert not clock.stale() and len(shown) == 1
+    c.mono = 110.1  # ten seconds since the request that brought the reading was sent
+    assert clock.stale()
+    clock.show_if_stale()
+    clock.show_if_stale()  # shown once
+    assert shown[1:] == [STALE_OFFSET_MS]
+    # A slow mount reply is not taken as a reading: still stale, but its limit applies.
+    clock.observe(1_700_000_012_000, 110.2, 111.5, mount=True, max_age_s=20.0)
+    assert clock.max_age_s == 20.0 and not clock.stale()  # 20 s since 99.99: not yet
+    c.mono = 120.1
+    assert clock.stale()
+    clock.observe(1_700_000_020_100, 120.05, 120.15)  # a heartbeat reply: fresh again
+    assert not clock.stale() and shown[-1] == 1_700_000_020_100 - 120_100
+    c.mono = 200.0
+    clock.observe(1_700_000_100_000, 199.9, 200.0, mount=True, max_age_s=0.0)  # no limit
+    c.mono = 10_000.0
+    assert not clock.stale()
+
+
+def test_a_node_with_a_stale_reading_refuses_writes_and_still_serves_reads():
+    access = DataAccess(b"s" * 32, ThreadPoolExecutor(1))
+    access.dram[7] = memoryview(bytearray(1 << 16))
+    expires = int(time.time() * 1000) + 60_000
+    write = sign_grant(b"s" * 32, Grant(7, 0, 4096, expires, GrantMode.WRITE, 5))
+    read = sign_grant(b"s" * 32, Grant(7, 0, 4096, expires, GrantMode.READ))
+    assert access.check(write, 0, 4096, GrantMode.WRITE) == 7
+    clock = access.gate.clock
+    now = time.monotonic()
+    clock.observe(int(time.time() * 1000), now - 12.0, now - 11.9, mount=True, max_age_s=10.0)
+    with pytest.raises(AccessDeniedError, match="not had the master's time"):
+        access.check(write, 0, 4096, GrantMode.WRITE)
+    assert access.check(read, 0, 4096, GrantMode.READ) == 7  # a read's checksum is checked
+    now = time.monotonic()
+    clock.observe(int(time.time() * 1000), now - 0.01, now)
+    assert access.check(write, 0, 4096, GrantMode.WRITE) == 7
