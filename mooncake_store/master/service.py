@@ -205,12 +205,17 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
         except InvalidArgumentError as exc:
             return pb.RevokeTokenResponse(status=_status(exc))
         closed = self.drop_token_connections(token_id)
-        # Its nodes are dropped at the next tick, as a node silent past its grace would be:
-        # no put or read is sent to them from now on (they keep only the grants they hold).
-        dropped = sorted(n for n, t in self.node_tokens.items() if t == token_id)
-        for node_id in dropped:
-            self.table.heartbeats.forget(node_id)
-            del self.node_tokens[node_id]
+        # Its nodes are dropped at the master's next tick, as a node silent past its grace
+        # would be: no put or read goes to them from then on (they keep the grants they hold).
+        dropped = []
+        for node_id, used in list(self.node_tokens.items()):
+            if self.table.node(node_id) is None:  # gone since it mounted: forgotten here too
+                del self.node_tokens[node_id]
+            elif used == token_id:
+                self.table.heartbeats.forget(node_id)
+                del self.node_tokens[node_id]
+                dropped.append(node_id)
+        dropped.sort()
         if record is not None:
             try:
                 await self.store.write(revoked=[record])

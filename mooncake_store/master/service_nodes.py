@@ -141,6 +141,10 @@ class NodeMethods(ServicerBase):
         # Another process mounted under this id and still heartbeats.  If its data endpoint
         # refuses connections it is gone (killed and restarted elsewhere): replace it.
         replace = other is not None and not await _listening(other.endpoint)
+        if caller.token_id and caller.token_id in self.access.revoked:  # revoked meanwhile
+            refused = AccessDeniedError(f"token {caller.token_id} was revoked")
+            log.warning("refused a mount of node %r: %s", request.node_id, refused)
+            return pb.MountSegmentResponse(status=_status(refused))
         try:
             self.table.mount(node, segments, replace=replace, remount=request.remount)
         except IdentityConflictError as exc:
@@ -153,6 +157,13 @@ class NodeMethods(ServicerBase):
         else:
             self.node_tokens.pop(node.node_id, None)
         await self.persist_dirty()
+        if caller.token_id and caller.token_id in self.access.revoked:
+            # Revoked while the mount was being persisted (after RevokeToken looked for its
+            # nodes): dropped at the next tick, as RevokeToken drops them.
+            self.table.heartbeats.forget(node.node_id)
+            self.node_tokens.pop(node.node_id, None)
+            refused = AccessDeniedError(f"token {caller.token_id} was revoked")
+            return pb.MountSegmentResponse(status=_status(refused))
         if fresh:
             log.info(
                 "mounted node %s (incarnation %x) at %s: %s",
@@ -237,6 +248,8 @@ class NodeMethods(ServicerBase):
             return _status(refused)
         self.drains.forget(request.node_id)
         deleted = self.table.unmount(request.node_id, request.incarnation)
+        if self.table.node(request.node_id) is None:
+            self.node_tokens.pop(request.node_id, None)
         log.info("unmounted node %s (%d objects lost)", request.node_id, len(deleted))
         await self.store.write(deletes=deleted)
         await self.persist_dirty()

@@ -5,9 +5,11 @@ Tokens are made and revoked the way an operator does, with the CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -16,14 +18,23 @@ import pytest
 from click.testing import CliRunner
 
 from mooncake_store._proto import mooncake_store_pb2 as pb
+from mooncake_store._proto import mooncake_store_pb2_grpc as pb_grpc
 from mooncake_store.admin.cli import main as admin
 from mooncake_store.client.sync_client import Client
 from mooncake_store.cluster_inprocess import InProcessCluster
-from mooncake_store.common.auth import bearer, parse_claims
+from mooncake_store.common.auth import (
+    SIGNATURE_METADATA,
+    bearer,
+    node_proof_key,
+    parse_claims,
+    sign_request,
+)
 from mooncake_store.common.credentials import local_token_path
-from mooncake_store.common.errors import AccessDeniedError, MooncakeError
+from mooncake_store.common.errors import OK, AccessDeniedError, MooncakeError
 from mooncake_store.common.framed import HEADER
+from mooncake_store.master import service_nodes
 from tests.conftest import FAST_MASTER, wait_until
+from tests.integration.test_generation_rollback import node_secret_of
 from tests.integration.test_security import _frame, bearer_md, create_token, stub
 
 
@@ -218,3 +229,63 @@ def test_the_pending_puts_of_a_revoked_framed_connection_end_with_it(tmp_path: P
             assert "1 connections closed" in said
             wait_until(lambda: "pending-framed" not in table._pending, timeout_s=5,
                        what="the connection's pending put revoked")  # fmt: skip
+
+
+def _signed(token: str, node_id: str, incarnation: int, method: str, request) -> list:
+    key = node_proof_key(node_secret_of(token), node_id, incarnation)
+    body = request.SerializeToString(deterministic=True)
+    return [("authorization", f"Bearer {bearer(token)}"),
+            (SIGNATURE_METADATA, sign_request(key, method, body, time.time()))]  # fmt: skip
+
+
+def _mount(stub, token: str, node_id: str, incarnation: int, endpoint: str, segments=()):
+    request = pb.MountSegmentRequest(
+        node_id=node_id, incarnation=incarnation, endpoint=endpoint,
+        control_endpoint=endpoint, segments=list(segments),
+    )  # fmt: skip
+    metadata = _signed(token, node_id, incarnation, "MountSegment", request)
+    return stub.MountSegment(request, timeout=10, metadata=metadata)
+
+
+def test_a_revocation_names_only_mounted_nodes_and_catches_a_mount_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that unmounted is not named (nor dropped again); a mount whose token is revoked
+    while the mount waits (here its probe of the old incarnation's endpoint) is refused, not
+    mounted for a heartbeat TTL: the incarnation it would have replaced stays."""
+    args = [*FAST_MASTER, "--heartbeat-ttl", "60s"]
+    with InProcessCluster(tmp_path, nodes=1, dram="16MiB", master_args=args) as cluster:
+        address = cluster.master_address
+        kept = create_token(cluster, "--role", "client")
+        with grpc.insecure_channel(address) as channel, Client(address, token=kept) as client:
+            master = pb_grpc.MasterServiceStub(channel)
+            gone = create_token(cluster, "--role", "node", "--node-id", "gone")
+            assert _mount(master, gone, "gone", 5, "127.0.0.1:1").status.code == OK
+            request = pb.UnmountSegmentRequest(node_id="gone", incarnation=5)
+            signed = _signed(gone, "gone", 5, "UnmountSegment", request)
+            master.UnmountSegment(request, timeout=5, metadata=signed)
+            assert "nodes dropped: none" in cli("token", "revoke", gone, "--master", address)
+
+            segments = [pb.SegmentSpec(segment_id=0xBEEF, tier="DRAM", size_bytes=1 << 20)]
+            first = create_token(cluster, "--role", "node", "--node-id", "racer")
+            second = create_token(cluster, "--role", "node", "--node-id", "racer")
+            assert _mount(master, first, "racer", 1, "127.0.0.1:1", segments).status.code == OK
+
+            async def slow_probe(endpoint: str, timeout_s: float = 1.0) -> bool:
+                await asyncio.sleep(0.5)  # the old incarnation's endpoint is slow to refuse
+                return False
+
+            monkeypatch.setattr(service_nodes, "_listening", slow_probe)
+            replies: list = []
+            mounting = threading.Thread(target=lambda: replies.append(
+                _mount(master, second, "racer", 2, "127.0.0.1:2", segments)))  # fmt: skip
+            mounting.start()
+            time.sleep(0.2)
+            cli("token", "revoke", second, "--master", address)
+            mounting.join()
+            [reply] = replies
+            assert reply.status.code == AccessDeniedError.code
+            assert "revoked" in reply.status.message
+            time.sleep(0.5)  # two ticks
+            racers = [n.endpoint for n in client.list_nodes() if n.node_id == "racer"]
+            assert racers == ["127.0.0.1:1"]  # the first incarnation, its token not revoked
