@@ -24,30 +24,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import positive, sizes_arg
+
 from mooncake_store import Client
 from mooncake_store.client import tcp_wire
 from mooncake_store.cluster import LocalCluster
-from mooncake_store.common.units import parse_size
 
 MODES = {"steps": 1 << 62, "overlap": tcp_wire.OVERLAP_MIN}  # the OVERLAP_MIN of each
-
-
-def sizes_arg(text: str) -> list[int]:
-    """`--sizes`: a comma-separated list of sizes (1M, 64K, 4MiB, ...), each above 0."""
-    try:
-        sizes = [parse_size(part) for part in text.split(",")]
-    except Exception as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if any(size <= 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"every size must be above 0: {text!r}")
-    return sizes
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
-    return value
 
 
 def main() -> None:
