@@ -142,9 +142,9 @@ class NodeMethods(ServicerBase):
         # refuses connections it is gone (killed and restarted elsewhere): replace it.
         replace = other is not None and not await _listening(other.endpoint)
         if caller.token_id and caller.token_id in self.access.revoked:  # revoked meanwhile
-            refused = AccessDeniedError(f"token {caller.token_id} was revoked")
-            log.warning("refused a mount of node %r: %s", request.node_id, refused)
-            return pb.MountSegmentResponse(status=_status(refused))
+            gone = AccessDeniedError(f"token {caller.token_id} was revoked")
+            log.warning("refused a mount of node %r: %s", request.node_id, gone)
+            return pb.MountSegmentResponse(status=_status(gone))
         try:
             self.table.mount(node, segments, replace=replace, remount=request.remount)
         except IdentityConflictError as exc:
@@ -162,8 +162,8 @@ class NodeMethods(ServicerBase):
             # nodes): dropped at the next tick, as RevokeToken drops them.
             self.table.heartbeats.forget(node.node_id)
             self.node_tokens.pop(node.node_id, None)
-            refused = AccessDeniedError(f"token {caller.token_id} was revoked")
-            return pb.MountSegmentResponse(status=_status(refused))
+            gone = AccessDeniedError(f"token {caller.token_id} was revoked")
+            return pb.MountSegmentResponse(status=_status(gone))
         if fresh:
             log.info(
                 "mounted node %s (incarnation %x) at %s: %s",
