@@ -34,10 +34,12 @@ _FUSE_CHUNK = CHUNK_BYTES  # a checksum chunk: in cache when hashed, big enough 
 _SPLIT_COPY = 8 << 20  # from here a second thread copies chunks from the back (below, the
 # one-pass kernel alone keeps up with memory: a second thread at 4 MiB slowed same-host gets,
 # whose copy runs while the master answers, from ~350 to ~390-500 us on the 2-core VM)
-_SPLIT_PUT = 4 << 20  # a put's copy into the pool: nothing else runs meanwhile; a second
-# thread took 4 and 6 MiB same-host puts from 611 to 567 us and 908 to 841 us in one A/B and from
-# 580 to 567 us and 759 to 712 us in another (medians of five interleaved rounds), at 2 MiB no
-# better
+_SPLIT_PUT = 6 << 20  # a put's copy into the pool: nothing else runs meanwhile.  Interleaved
+# A/Bs on one cluster (one thread, 60 puts a round, median of the rounds' p50s; 2026-12-08): a
+# second thread took 6 MiB puts from 739 to 667 us, 8 MiB from 873 to 760 and 16 MiB from 1,577
+# to 1,251, but 4 MiB ones not at all (559 vs 555 and 567 vs 581 us) and 5 MiB ones barely (677
+# vs 660), while the three processes spent ~170 us more CPU per put: on a 2-core host that is
+# CPU the master's reply waits for (README "Where a put's time goes on 2 cores")
 
 
 def copy_checksum(
