@@ -10,8 +10,10 @@ import grp
 from dataclasses import dataclass
 
 from mooncake_store.common.addresses import advertised_host
+from mooncake_store.common.auth import Role, node_secret_of
 from mooncake_store.common.config import TlsSettings, duration_field, setting, size_field
-from mooncake_store.common.errors import InvalidArgumentError
+from mooncake_store.common.credentials import discover_token, is_loopback, read_token_file
+from mooncake_store.common.errors import AccessDeniedError, InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -161,3 +163,27 @@ class NodeConfig(TlsSettings):
             raise InvalidArgumentError(f"--mount-timeout must be > 0, got {self.mount_timeout_s}")
         if ":" not in self.master:
             raise InvalidArgumentError(f"--master must be host:port, got {self.master!r}")
+
+
+def resolve_node_token(config: NodeConfig) -> str:
+    """The node's token: --token-file, else MOONCAKE_TOKEN(_FILE), else the master's local
+    token file; "" when there is none (only for a loopback node of a master with --auth off).
+
+    Raises:
+        InvalidArgumentError: not a node token, or none for a node on a non-loopback address.
+    """
+    if config.token_file:
+        token = read_token_file(config.token_file)
+    else:
+        token = discover_token(config.master, Role.NODE)
+    if token:
+        try:
+            node_secret_of(token)
+        except AccessDeniedError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+    elif not is_loopback(config.host):
+        raise InvalidArgumentError(
+            f"a node on {config.host} needs a node token: create one on the master's host with "
+            "`mooncake-admin token create --role node --node-id ID` and pass --token-file"
+        )
+    return token

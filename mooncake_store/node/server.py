@@ -27,7 +27,7 @@ from mooncake_store.common.auth import (
     node_secret_of,
     parse_claims,
 )
-from mooncake_store.common.credentials import discover_token, is_loopback, read_token_file
+from mooncake_store.common.credentials import discover_token
 from mooncake_store.common.daemon import StartupError
 from mooncake_store.common.errors import OK, AccessDeniedError, InvalidArgumentError
 from mooncake_store.common.gpu import gpu_count
@@ -36,7 +36,7 @@ from mooncake_store.common.grpc_options import bind_grpc, port_in_use, server_op
 from mooncake_store.common.metrics import MetricsServer, start_metrics, url
 from mooncake_store.common.shm_fence import FencePage
 from mooncake_store.common.units import format_size
-from mooncake_store.node.config import NodeConfig
+from mooncake_store.node.config import NodeConfig, resolve_node_token
 from mooncake_store.node.control import NodeControl
 from mooncake_store.node.data_server import DataAccess, start_data_server
 from mooncake_store.node.gpu import GpuHandoff, GpuTier
@@ -55,30 +55,6 @@ log = logging.getLogger("mooncake.node")
 
 def _random_id() -> int:
     return int.from_bytes(os.urandom(8), "little") or 1
-
-
-def resolve_node_token(config: NodeConfig) -> str:
-    """The node's token: --token-file, else MOONCAKE_TOKEN(_FILE), else the master's local
-    token file; "" when there is none (only for a loopback node of a master with --auth off).
-
-    Raises:
-        InvalidArgumentError: not a node token, or none for a node on a non-loopback address.
-    """
-    if config.token_file:
-        token = read_token_file(config.token_file)
-    else:
-        token = discover_token(config.master, Role.NODE)
-    if token:
-        try:
-            node_secret_of(token)
-        except AccessDeniedError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-    elif not is_loopback(config.host):
-        raise InvalidArgumentError(
-            f"a node on {config.host} needs a node token: create one on the master's host with "
-            "`mooncake-admin token create --role node --node-id ID` and pass --token-file"
-        )
-    return token
 
 
 class StoreNode:

@@ -164,8 +164,7 @@ def test_control_requests_need_a_fresh_unreplayed_master_signature() -> None:
 
 def test_auth_off_is_refused_with_a_non_loopback_bind(tmp_path: Path, monkeypatch) -> None:
     from mooncake_store.master.config import MasterConfig
-    from mooncake_store.node.config import NodeConfig
-    from mooncake_store.node.server import resolve_node_token
+    from mooncake_store.node.config import NodeConfig, resolve_node_token
 
     assert MasterConfig(host="127.0.0.1", auth="off").auth == "off"
     with pytest.raises(InvalidArgumentError, match="--auth off"):
