@@ -49,6 +49,9 @@ class MasterClock:
         self.max_age_s = 0.0
         self._shown_stale = False
         self._lock = threading.Lock()  # observed on the link's thread, read on the loop
+        self._changed = threading.Condition(self._lock)  # a reading or a limit came in
+        self._watching: threading.Thread | None = None
+        self._stop_watching = False
         # Called with each new offset (the node shows it to same-host clients in the fence
         # page: common/shm_fence.py); on the thread that observed it.
         self.watcher: Callable[[float], None] | None = None
@@ -69,7 +72,9 @@ class MasterClock:
         there is no reading yet.  `max_age_s` (a mount reply's: the master's heartbeat TTL)
         replaces `max_age_s`, taken or not."""
         if max_age_s is not None:
-            self.max_age_s = max(0.0, max_age_s)
+            with self._lock:
+                self.max_age_s = max(0.0, max_age_s)
+                self._changed.notify_all()
         if master_ms <= 0 or received_s < sent_s:
             return  # a master that sends no time, or a clock that went wrong
         middle_ms = (sent_s + received_s) * 500.0
@@ -79,6 +84,7 @@ class MasterClock:
             self._offset_ms = master_ms - middle_ms
             self._taken_s = sent_s
             self._shown_stale = False
+            self._changed.notify_all()
             if self.watcher is not None:  # under the lock: shown in the order observed
                 self.watcher(self._offset_ms)
 
@@ -93,9 +99,46 @@ class MasterClock:
             taken = self._taken_s
         return self._monotonic() - taken > self.max_age_s
 
+    def start_watching(self) -> None:
+        """Show `watcher` STALE_OFFSET_MS the moment the reading goes stale, from a thread of
+        its own: the heartbeat loop may be blocked on the very replies whose absence makes it
+        stale, and the master stops counting the reading a second after its TTL."""
+        if self._watching is None:
+            self._stop_watching = False
+            self._watching = threading.Thread(
+                target=self._watch, name="mooncake-master-clock", daemon=True
+            )
+            self._watching.start()
+
+    def stop_watching(self) -> None:
+        with self._lock:
+            self._stop_watching = True
+            self._changed.notify_all()
+        if self._watching is not None:
+            self._watching.join(timeout=5)
+            self._watching = None
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop_watching:
+                    return
+                if self.max_age_s <= 0 or self._shown_stale:
+                    self._changed.wait()  # until a limit or a reading comes in
+                    continue
+                left = (
+                    0.0
+                    if self._offset_ms is None
+                    else self._taken_s + self.max_age_s - self._monotonic()
+                )
+                if left >= 0:
+                    self._changed.wait(left + 0.001)
+                    continue
+            self.show_if_stale()
+
     def show_if_stale(self) -> None:
         """Show `watcher` STALE_OFFSET_MS once the reading went stale (the next reading taken
-        shows the real offset again); called every heartbeat interval."""
+        shows the real offset again)."""
         if not self.stale():
             return
         with self._lock:

@@ -73,7 +73,6 @@ class MasterLink:
         on_mounting: Callable[[bool], None] | None = None,
         on_master_time: Callable[..., None] | None = None,
         time_key: Callable[[], bytes | None] | None = None,
-        on_interval: Callable[[], None] | None = None,
     ) -> None:
         self.master = master
         # Called with each OK heartbeat or mount reply's master time and the request's send
@@ -83,7 +82,6 @@ class MasterLink:
         # a control key (`time_key`; None: the node has no token), only a time the master
         # signed over the request's nonce is taken.
         self._on_master_time = on_master_time
-        self._on_interval = on_interval  # called after each heartbeat (a reading got old?)
         self._time_key = time_key or (lambda: None)
         # Called (on this link's thread) with True before a mount again (same-host copies
         # stop: the mount may be new to the master, which then hands the pool's room out
@@ -263,8 +261,6 @@ class MasterLink:
             # Beat even while a mount is under way: the master may have mounted this node
             # already and only be slow to reply, and it drops a node it does not hear from.
             self._beat()
-            if self._on_interval is not None:
-                self._on_interval()
 
     def _remount(self, *, keep_mounted: bool) -> None:
         """Mount again on a thread of its own (one at a time), so that heartbeats go on while

@@ -188,7 +188,6 @@ class StoreNode:
             on_fences=self._take_fences, on_mounting=self._mounting,
             on_master_time=self.access.gate.clock.observe if self.access is not None else None,
             time_key=lambda: self.verifier.key if self.verifier is not None else None,
-            on_interval=self.access.gate.clock.show_if_stale if self.access is not None else None,
         )  # fmt: skip
         link = self._link
         self.control.master_run = lambda: link.master_run  # FenceWrites from that run only
@@ -200,6 +199,8 @@ class StoreNode:
                 await self.stop(unmount=False)
                 raise StartupError(f"master {cfg.master} refused the mount: {refusal}")
             log.warning("master %s unreachable; will keep trying to mount", cfg.master)
+        if self.access is not None:  # same-host clients see a stale reading at once
+            self.access.gate.clock.start_watching()
         self._link.start()
         self._tracker = loop.create_task(self._track_mount())
         return self.port
@@ -423,6 +424,8 @@ class StoreNode:
             self._tracker = None
         if link is not None:
             await loop.run_in_executor(None, lambda: link.stop(unmount=unmount))
+        if self.access is not None:
+            await loop.run_in_executor(None, self.access.gate.clock.stop_watching)
         if self._metrics is not None:
             await self._metrics.stop()
             self._metrics = None

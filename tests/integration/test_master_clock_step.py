@@ -71,3 +71,8 @@ def test_a_node_mounts_and_takes_fences_from_a_master_a_minute_and_a_half_off(tm
             for i in range(20):
                 store.put(f"after{i}", value)
             assert store.get("after19") == value and store.get("kTrue19") == value
+        if offset_s > 0:  # a step back: not followed, so not one push is refused after it either
+            master_log = (cluster.log_dir / "master.log").read_text()
+            assert "the wall clock went back" in master_log, master_log[-2000:]
+            log = (cluster.log_dir / "node-0.log").read_text()
+            assert "off the master's clock" not in log, log[-2000:]

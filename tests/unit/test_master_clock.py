@@ -155,3 +155,25 @@ def test_a_node_with_a_stale_reading_refuses_writes_and_still_serves_reads():
     now = time.monotonic()
     clock.observe(int(time.time() * 1000), now - 0.01, now)
     assert access.check(write, 0, 4096, GrantMode.WRITE) == 7
+
+
+def test_the_watch_shows_a_reading_stale_when_it_goes_stale_not_at_the_next_heartbeat():
+    """The heartbeat loop can be blocked on the late replies that make the reading stale, and
+    the master counts a reading only a second past its TTL: a thread of its own shows it."""
+    clock = MasterClock()
+    shown: list[float] = []
+    clock.watcher = shown.append
+    clock.start_watching()
+    try:
+        now = time.monotonic()
+        clock.observe(int(time.time() * 1000), now - 0.7, now - 0.69, mount=True, max_age_s=1.0)
+        deadline = time.monotonic() + 5
+        while STALE_OFFSET_MS not in shown and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shown[-1] == STALE_OFFSET_MS
+        assert time.monotonic() - now < 2.0  # at the TTL (0.3 s from here), not later
+        now = time.monotonic()
+        clock.observe(int(time.time() * 1000), now - 0.01, now)  # a fresh reading
+        assert shown[-1] != STALE_OFFSET_MS and not clock.stale()
+    finally:
+        clock.stop_watching()
