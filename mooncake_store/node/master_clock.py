@@ -127,7 +127,7 @@ class MasterClock:
                     self._changed.wait()  # until a limit or a reading comes in
                     continue
                 left = (
-                    0.0
+                    -1.0  # a limit and no reading: stale now
                     if self._offset_ms is None
                     else self._taken_s + self.max_age_s - self._monotonic()
                 )

@@ -177,3 +177,20 @@ def test_the_watch_shows_a_reading_stale_when_it_goes_stale_not_at_the_next_hear
         assert shown[-1] != STALE_OFFSET_MS and not clock.stale()
     finally:
         clock.stop_watching()
+
+
+def test_the_watch_shows_a_limit_with_no_reading_as_stale_at_once():
+    """A mount reply whose time was not taken (slow, with no reading yet) still sets the limit:
+    with nothing to go by, the node is stale, and the watch says so instead of spinning."""
+    clock = MasterClock()
+    shown: list[float] = []
+    clock.watcher = shown.append
+    clock.start_watching()
+    try:
+        clock.observe(0, 0.0, 0.0, mount=True, max_age_s=5.0)  # no time in the reply
+        deadline = time.monotonic() + 5
+        while not shown and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shown == [STALE_OFFSET_MS] and clock.stale()
+    finally:
+        clock.stop_watching()
