@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,6 +51,10 @@ log = logging.getLogger("mooncake.client")
 _H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
 _PIECE = 2 * CHUNK_BYTES  # DMA pieces verified as they land: the last one's hash is the tail
 VERIFY_MODES = ("auto", "gpu", "cpu")
+
+
+def _wall_ms() -> float:
+    return time.time() * 1000
 
 
 def verify_mode_from_env() -> str:
@@ -169,7 +174,14 @@ class CudaPath:
         return stream
 
     def read_pool(
-        self, dev: Any, segment_id: int, pool: memoryview, offset: int, size: int, grant: bytes
+        self,
+        dev: Any,
+        segment_id: int,
+        pool: memoryview,
+        offset: int,
+        size: int,
+        grant: bytes,
+        now_ms: Callable[[], float] = _wall_ms,
     ) -> int | None:
         """DMA pool[offset:+size] into device array `dev` and return the checksum: of the bytes
         on the device, computed by the GPU after the copy (verify "gpu"), or of the pool's
@@ -193,7 +205,7 @@ class CudaPath:
                 digest = checksum_parallel(pool[offset : offset + size], self._pool, self.workers)
             finally:
                 stream.synchronize()
-        if _lease_over(grant):
+        if _lease_over(grant, now_ms):
             return None
         self.counters["dma_reads"] += 1
         return digest
@@ -254,7 +266,13 @@ class CudaPath:
         return base
 
     def read_tier(
-        self, dev: Any, tier_base: int, offset: int, size: int, grant: bytes
+        self,
+        dev: Any,
+        tier_base: int,
+        offset: int,
+        size: int,
+        grant: bytes,
+        now_ms: Callable[[], float] = _wall_ms,
     ) -> int | None:
         """Copy a GPU-tier block device -> device into `dev`, then verify what landed: copied
         back to pinned host memory in pieces, each hashed as soon as it is there.  Returns the
@@ -269,7 +287,7 @@ class CudaPath:
                 stream.synchronize()
             digest = pending.result()
             self.counters["gpu_verified"] += 1
-            if _lease_over(grant):
+            if _lease_over(grant, now_ms):
                 return None
             self.counters["ipc_reads"] += 1
             return digest
@@ -281,7 +299,7 @@ class CudaPath:
                                  stream.ptr)  # fmt: skip
             pieces.append((stream.record(), start, start + n))
         digests = self._hash_as_landed(pieces, memoryview(host.data)[:size])
-        if _lease_over(grant):
+        if _lease_over(grant, now_ms):
             return None
         self.counters["ipc_reads"] += 1
         return combine(digests, size)
@@ -318,9 +336,11 @@ class CudaPath:
         self._pool.shutdown(wait=False)
 
 
-def _lease_over(grant: bytes) -> bool:
+def _lease_over(grant: bytes, now_ms: Callable[[], float] = _wall_ms) -> bool:
+    """Whether `grant`'s read lease ended by `now_ms` (the caller's clock of the master: the
+    later of its own and the node's, where it maps the node's fence page)."""
     expires_ms = grant_expires_ms(grant)
-    return expires_ms is not None and time.time() * 1000 >= expires_ms
+    return expires_ms is not None and now_ms() >= expires_ms
 
 
 def _ask_tier(shm_socket: str) -> tuple[int, int, int, bytes] | None:

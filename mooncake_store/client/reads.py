@@ -17,6 +17,7 @@ unspecified.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -235,14 +236,16 @@ class ReadFlows(SpeculativeReads):
             n = info.size_bytes
             for loc in info.replicas:
                 pool = self._mapped(loc)
+                # A lease ends by the master's clock as the node shows it too (client/shm.py).
+                now_ms = partial(self.shm.master_now_ms, loc.segment_id)
                 if pool is not None:
                     digest = path.read_pool(dev[:n], loc.segment_id, pool, loc.offset, n,
-                                            loc.grant)  # fmt: skip
+                                            loc.grant, now_ms)  # fmt: skip
                 elif loc.tier == "GPU":
                     base = path.open_tier(loc.shm_socket, loc.segment_id)
                     if base is None:
                         continue
-                    digest = path.read_tier(dev[:n], base, loc.offset, n, loc.grant)
+                    digest = path.read_tier(dev[:n], base, loc.offset, n, loc.grant, now_ms)
                 else:
                     continue
                 if digest is not None and self._verified(keys[i], loc, info, digest) is None:

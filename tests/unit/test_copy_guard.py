@@ -100,3 +100,29 @@ def test_a_copy_runs_only_while_its_grant_is_live_by_the_masters_clock_and_the_h
     finally:
         mapper._fences.pop(7).close()
         page.close()
+
+
+def test_a_dma_read_lease_ends_by_the_masters_clock_the_node_shows():
+    """A GPU read of a same-host pool (client/cuda.py) discards what it read once its read
+    lease ended: by the later of this host's clock and the master's as the node shows it, so a
+    master whose clock runs ahead (it does not follow its wall clock back) is not out-waited."""
+    import os
+    from functools import partial
+
+    from mooncake_store.client.cuda import _lease_over
+    from mooncake_store.common.shm_fence import FencePage, FenceView
+
+    page = FencePage()
+    mapper = ShmMapper()
+    mapper._fences[7] = FenceView(os.open(f"/proc/self/fd/{page.fd}", os.O_RDONLY))
+    try:
+        master_ms = time.time() * 1000 + 120_000  # the master's clock 2 minutes ahead
+        page.publish_clock(master_ms - time.monotonic() * 1000)
+        lease = sign_grant(b"k" * 32, Grant(7, 0, 4096, int(master_ms - 60_000), GrantMode.READ))
+        assert not _lease_over(lease)  # by this host's clock alone: a minute to go
+        assert _lease_over(lease, partial(mapper.master_now_ms, 7))  # ended a minute ago
+        live = sign_grant(b"k" * 32, Grant(7, 0, 4096, int(master_ms + 60_000), GrantMode.READ))
+        assert not _lease_over(live, partial(mapper.master_now_ms, 7))
+    finally:
+        mapper.close()
+        page.close()
