@@ -88,16 +88,23 @@ class MasterClock:
             if self.watcher is not None:  # under the lock: shown in the order observed
                 self.watcher(self._offset_ms)
 
+    def _left_s(self) -> float | None:
+        """Seconds until the reading goes stale (below 0: it is; no reading with a limit set
+        is stale), None with no limit; under the lock."""
+        if self.max_age_s <= 0:
+            return None
+        if self._offset_ms is None:
+            return -1.0
+        return self._taken_s + self.max_age_s - self._monotonic()
+
     def stale(self) -> bool:
         """True when the reading is older than `max_age_s` (counted from when the request that
         brought it was sent), or there is none while a maximum age is set."""
         if self.max_age_s <= 0:
             return False
         with self._lock:
-            if self._offset_ms is None:
-                return True
-            taken = self._taken_s
-        return self._monotonic() - taken > self.max_age_s
+            left = self._left_s()
+        return left is not None and left < 0
 
     def start_watching(self) -> None:
         """Show `watcher` STALE_OFFSET_MS the moment the reading goes stale, from a thread of
@@ -123,14 +130,10 @@ class MasterClock:
             with self._lock:
                 if self._stop_watching:
                     return
-                if self.max_age_s <= 0 or self._shown_stale:
+                left = self._left_s()
+                if left is None or self._shown_stale:
                     self._changed.wait()  # until a limit or a reading comes in
                     continue
-                left = (
-                    -1.0  # a limit and no reading: stale now
-                    if self._offset_ms is None
-                    else self._taken_s + self.max_age_s - self._monotonic()
-                )
                 if left >= 0:
                     self._changed.wait(left + 0.001)
                     continue
@@ -139,11 +142,10 @@ class MasterClock:
     def show_if_stale(self) -> None:
         """Show `watcher` STALE_OFFSET_MS once the reading went stale (the next reading taken
         shows the real offset again)."""
-        if not self.stale():
-            return
         with self._lock:
-            if self._shown_stale or self._monotonic() - self._taken_s <= self.max_age_s:
-                return  # shown already, or a reading came in meanwhile
+            left = self._left_s()
+            if self._shown_stale or left is None or left >= 0:
+                return  # shown already, not stale, or no limit
             self._shown_stale = True
             if self.watcher is not None:
                 self.watcher(STALE_OFFSET_MS)

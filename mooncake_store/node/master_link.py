@@ -338,12 +338,10 @@ class MasterLink:
         if key is None or master_time_signed(
             key, self.node_id, self.incarnation, nonce, reply.master_time_ms, reply.time_signature
         ):
-            if mount:  # with how old a reading may get (the master's heartbeat TTL)
-                ttl = reply.heartbeat_ttl_s  # type: ignore[union-attr]
-                self._on_master_time(reply.master_time_ms, sent, time.monotonic(), mount=True,
-                                     max_age_s=ttl)  # fmt: skip
-            else:
-                self._on_master_time(reply.master_time_ms, sent, time.monotonic())
+            # A mount reply says how old a reading may get (the master's heartbeat TTL).
+            ttl = reply.heartbeat_ttl_s if mount else None  # type: ignore[union-attr]
+            self._on_master_time(reply.master_time_ms, sent, time.monotonic(), mount=mount,
+                                 max_age_s=ttl)  # fmt: skip
 
     def _close(self) -> None:
         """The master forgot this node (or never mounted it): refuse writes until it has."""
