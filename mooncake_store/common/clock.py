@@ -183,6 +183,6 @@ SIGNED_OFFSETS = OffsetLog()  # the process's: every grant the master signs goes
 
 
 def expiry_ms(monotonic_s: float) -> int:
-    """A grant's expiry: the wall-clock millisecond of a monotonic instant (noted in
+    """A grant's expiry: the master's-clock millisecond of a monotonic instant (noted in
     SIGNED_OFFSETS)."""
     return SIGNED_OFFSETS.expiry_ms(monotonic_s)

@@ -41,8 +41,8 @@ class HeldFree(NamedTuple):
     offset: int
     size_bytes: int
     free_at_s: float  # a read lease may hold it longer
-    until_s: float  # the grant's expiry (with slack): free by then regardless...
-    signed_s: float  # ...of a wall-clock step back since the put's grants were signed from here
+    until_s: float  # the grant's expiry (with slack): free by then, unless a node's reading...
+    signed_s: float  # ...of the master's clock is behind the one its grants were signed by since
 
 
 class WriteFences:
@@ -81,10 +81,10 @@ class WriteFences:
     ) -> list[tuple[int, HeldFree]]:
         """(segment id, free) of held frees whose grant expired anyway (drained).
 
-        The node checks a grant's expiry against its clock of the master's wall clock: when
-        that clock went back since the grant was signed, the grant lasts that much longer
-        there.  `behind(since, until)` says by how much for grants signed between two
-        monotonic instants (common/clock.py OffsetLog.behind)."""
+        The node checks a grant's expiry against its reading of the master's clock: a reading
+        from before a step forward of that clock that the grant was signed after makes the
+        grant last that much longer there.  `behind(since, until)` says by how much for grants
+        signed between two monotonic instants (common/clock.py OffsetLog.behind)."""
         out: list[tuple[int, HeldFree]] = []
         for segment_id, held in list(self._held.items()):
             keep: list[HeldFree] = []

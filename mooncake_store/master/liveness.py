@@ -75,9 +75,9 @@ class Heartbeats:
 def signed_master_time(
     key: bytes | None, node_id: str, incarnation: int, nonce: int
 ) -> tuple[int, str]:
-    """The master's wall time now (ms) and its signature with the node's control key over the
-    request's nonce ("" for a node without one): what a heartbeat or mount reply carries for
-    the node's clock of the master (node/master_clock.py)."""
+    """The master's clock now (ms; common/clock.py) and its signature with the node's control
+    key over the request's nonce ("" for a node without one): what a heartbeat or mount reply
+    carries for the node's clock of the master (node/master_clock.py)."""
     now_ms = SIGNED_OFFSETS.published_ms()  # noted: a held free waits out what nodes took
     if key is None:
         return now_ms, ""
@@ -85,7 +85,7 @@ def signed_master_time(
 
 
 def master_time_reply(request: pb.HeartbeatRequest, key: bytes | None) -> pb.HeartbeatResponse:
-    """An OK heartbeat reply carrying the master's signed wall time (`signed_master_time`)."""
+    """An OK heartbeat reply carrying the master's signed time (`signed_master_time`)."""
     now_ms, signature = signed_master_time(key, request.node_id, request.incarnation, request.nonce)
     return pb.HeartbeatResponse(
         status=pb.Status(code=OK), master_time_ms=now_ms, time_signature=signature

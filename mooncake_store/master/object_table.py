@@ -112,9 +112,10 @@ class ObjectTable(ObjectReads):
         the wall clock in microseconds, past any earlier master's.  `fence_writes`: hold the
         frees of puts that end without a commit until their node fenced the put's write
         grants (fences.py); the daemon always does, a table with no nodes to fence (a unit
-        test of other rules, a tool) frees at once.  `signed_offsets`: the wall-clock offsets
-        the process signed grant expiries with (common/clock.py), which a held free past its
-        grant's expiry still waits on after a step back of the wall clock."""
+        test of other rules, a tool) frees at once.  `signed_offsets`: the master's clock, with
+        the offsets grant expiries were signed and its time published with (common/clock.py),
+        which a held free past its grant's expiry still waits on while a node may hold a
+        reading behind them."""
         self.config = config
         self.policy = policy or LruPolicy()
         self._lease_ttl_s = config.lease_ttl_s  # read on every lookup: no attribute chains

@@ -212,8 +212,7 @@ class MasterServicer(PutMethods, ReadMethods, NodeMethods):
             if self.table.node(node_id) is None:  # gone since it mounted: forgotten here too
                 del self.node_tokens[node_id]
             elif used == token_id:
-                self.table.heartbeats.forget(node_id)
-                del self.node_tokens[node_id]
+                self.drop_revoked_node(node_id)
                 dropped.append(node_id)
         dropped.sort()
         if record is not None:

@@ -94,6 +94,12 @@ class NodeMethods(ServicerBase):
                 + f"may not act as node {node_id!r}"
             )
 
+    def drop_revoked_node(self, node_id: str) -> None:
+        """A node whose token was revoked: its heartbeats are forgotten, so the next tick drops
+        it as a silent node (membership.py), and the revocation forgets it too."""
+        self.table.heartbeats.forget(node_id)
+        self.node_tokens.pop(node_id, None)
+
     async def MountSegment(
         self, request: pb.MountSegmentRequest, context: object
     ) -> pb.MountSegmentResponse:
@@ -160,8 +166,7 @@ class NodeMethods(ServicerBase):
         if caller.token_id and caller.token_id in self.access.revoked:
             # Revoked while the mount was being persisted (after RevokeToken looked for its
             # nodes): dropped at the next tick, as RevokeToken drops them.
-            self.table.heartbeats.forget(node.node_id)
-            self.node_tokens.pop(node.node_id, None)
+            self.drop_revoked_node(node.node_id)
             gone = AccessDeniedError(f"token {caller.token_id} was revoked")
             return pb.MountSegmentResponse(status=_status(gone))
         if fresh:
